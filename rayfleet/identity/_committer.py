@@ -1,0 +1,128 @@
+"""Group commit: many agents' checkpoints become one Arrow file and one ledger call.
+
+Checkpoints submitted while a commit is in flight wait and go out together in the
+next one, so under load the cost of a file write and a ledger round trip is shared
+by every agent that checkpointed in that window, and an idle host adds no delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pydantic
+
+from ..errors import RayfleetError
+from ._contracts import LedgerClient
+from ._ledger import CheckpointCommit
+from ._snapshots import SnapshotRow, SnapshotStore
+from ._types import SnapshotPointer
+
+
+@dataclass(slots=True)
+class _Pending:
+    identity: str
+    fencing_token: int
+    version: int
+    state: pydantic.BaseModel
+    extra: bytes
+    done: asyncio.Future[SnapshotPointer]
+
+
+class GroupCommitter:
+    """Writes and commits checkpoints in batches; one instance per host.
+
+    ``commit`` resolves once the pointer is durable in the ledger, or raises the
+    ledger's refusal (``StaleFencingTokenError``, ``StaleCheckpointVersionError``)
+    or the storage error. Files are written before pointers move, so a committed
+    pointer never names a file that is not there.
+    """
+
+    def __init__(self, *, writer: str, ledger: LedgerClient, snapshots: SnapshotStore) -> None:
+        self._writer = writer
+        self._ledger = ledger
+        self._snapshots = snapshots
+        self._queue: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.checkpoints = 0
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("GroupCommitter already started")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"rayfleet-commit-{self._writer}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for item in self._queue:
+            if not item.done.done():
+                item.done.set_exception(RuntimeError("host is shutting down; checkpoint not committed"))
+        self._queue.clear()
+
+    async def commit(
+        self, *, identity: str, fencing_token: int, version: int, state: pydantic.BaseModel, extra: bytes = b""
+    ) -> SnapshotPointer:
+        """Queue one checkpoint and wait until it is committed (or refused)."""
+        done: asyncio.Future[SnapshotPointer] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(identity, fencing_token, version, state, extra, done))
+        self._wakeup.set()
+        return await done
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            # One yield lets turns that finish in the same loop iteration join this batch.
+            await asyncio.sleep(0)
+            batch, self._queue = self._queue, []
+            if batch:
+                await self._commit_batch(batch)
+
+    async def _commit_batch(self, batch: list[_Pending]) -> None:
+        groups: dict[type, list[_Pending]] = defaultdict(list)
+        for item in batch:
+            groups[type(item.state)].append(item)
+        commits: list[CheckpointCommit] = []
+        written: list[_Pending] = []
+        for state_class, items in groups.items():
+            rows = [SnapshotRow(identity=i.identity, version=i.version, state=i.state, extra=i.extra) for i in items]
+            try:
+                path = self._snapshots.write_batch(group=_group_name(state_class), writer=self._writer, rows=rows)
+            except Exception as error:  # storage failure: fail these checkpoints, keep the host alive
+                for item in items:
+                    item.done.set_exception(error)
+                continue
+            for row, item in enumerate(items):
+                pointer = SnapshotPointer(file=path, row=row, version=item.version)
+                commits.append(CheckpointCommit(
+                    identity=item.identity, fencing_token=item.fencing_token, version=item.version, pointer=pointer
+                ))
+                written.append(item)
+        if not commits:
+            return
+        try:
+            outcomes = await self._ledger.commit_checkpoints(commits)
+        except Exception as error:
+            for item in written:
+                if not item.done.done():
+                    item.done.set_exception(error)
+            return
+        self.batches += 1
+        for item, commit, outcome in zip(written, commits, outcomes, strict=True):
+            if item.done.done():
+                continue
+            if isinstance(outcome, RayfleetError):
+                item.done.set_exception(outcome)
+            else:
+                self.checkpoints += 1
+                item.done.set_result(commit.pointer)
+
+
+def _group_name(state_class: type) -> str:
+    owner = state_class.__qualname__.rsplit(".", 1)[0] if "." in state_class.__qualname__ else state_class.__qualname__
+    return f"{state_class.__module__}.{owner}"

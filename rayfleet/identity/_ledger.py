@@ -1,0 +1,553 @@
+"""The ledger: the one authority for leases, fencing tokens, continuity records and hosts.
+
+Fencing rules (DESIGN.md section 4; Kleppmann's fencing tokens, Chubby's sequencers):
+
+* a grant's token is strictly larger than every token issued before for that identity,
+  and the new high-water mark is committed before the grant is returned, so a
+  restarted ledger never issues a token twice;
+* every write made on behalf of an identity presents ``(identity, token)``; a token
+  below the high-water mark is refused with ``StaleFencingTokenError``, an equal one
+  is accepted; the check and the write are one transaction;
+* checkpoint versions strictly increase (``StaleCheckpointVersionError`` otherwise);
+* after a restart, leases that were held are not granted to another holder until one
+  TTL has passed (lock-delay), so a live owner is not fenced needlessly.
+
+Fence advance is part of the grant: the transaction that raises the high-water mark
+also stamps the continuity record with the new token. The seed advances the fence
+with a separate upsert right after acquiring; doing both in one commit closes the
+window in which a grant exists but the old owner could still write.
+
+The class is synchronous over SQLite (WAL, ``synchronous=FULL``). It is wrapped by a
+Ray actor in ``rayfleet.platform``; the ``LedgerStore`` seam lets a networked
+database replace SQLite later.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import (
+    InvalidSpecError,
+    LeaseLostError,
+    RayfleetError,
+    StaleCheckpointVersionError,
+    StaleFencingTokenError,
+    UnknownIdentityError,
+)
+from ._names import format_runtime_id
+from ._types import (
+    PERSISTED_BROKEN,
+    PERSISTED_LIVE,
+    PERSISTED_RETIRED,
+    ContinuityRecord,
+    LeaseDenied,
+    LeaseGrant,
+    SnapshotPointer,
+)
+
+DEFAULT_LEASE_TTL = 10.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS identities (
+    identity TEXT PRIMARY KEY,
+    spec BLOB NOT NULL,
+    fingerprint TEXT NOT NULL,
+    agent_class TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    addressability TEXT NOT NULL,
+    lifecycle TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fences (
+    identity TEXT PRIMARY KEY,
+    high_water INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    identity TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    ttl REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_by_holder ON leases(holder);
+CREATE TABLE IF NOT EXISTS continuity (
+    identity TEXT PRIMARY KEY,
+    runtime_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    checkpoint_version INTEGER NOT NULL,
+    fence INTEGER NOT NULL,
+    snapshot_file TEXT,
+    snapshot_row INTEGER
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    draining INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterOutcome:
+    """What ``register`` did: created the identity, or found an identical one."""
+
+    created: bool
+    lifecycle: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseView:
+    holder: str
+    fencing_token: int
+    ttl: float
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdentityView:
+    """Everything the ledger holds about one identity (read-only)."""
+
+    identity: str
+    spec: bytes
+    """The cloudpickled ``AgentSpec``."""
+    fingerprint: str
+    agent_class: str
+    labels: dict[str, str]
+    addressability: str
+    lifecycle: str
+    reason: str
+    continuity: ContinuityRecord | None
+    snapshot: SnapshotPointer | None
+    lease: LeaseView | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Activation:
+    """The result of acquiring an identity to host it: grant plus what to load."""
+
+    grant: LeaseGrant
+    view: IdentityView
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCommit:
+    """One pointer to commit: identity, the writer's token, the new version and row."""
+
+    identity: str
+    fencing_token: int
+    version: int
+    pointer: SnapshotPointer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostView:
+    name: str
+    holder: str
+    started_at: float
+    draining: bool
+
+
+class Ledger:
+    """Leases, fencing and continuity over one SQLite database file.
+
+    Thread-safe (one connection, one lock): the actor wrapping it may call from
+    several threads. Every public method is one transaction.
+    """
+
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self.incarnation = uuid.uuid4().hex[:8]
+        self._apply_lock_delay()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _apply_lock_delay(self) -> None:
+        # A restarted ledger cannot know whether a holder is still alive, so every lease
+        # it finds is extended to at least one TTL from now; the holder can keep renewing.
+        now = self._clock()
+        with self._transaction() as db:
+            db.execute("UPDATE leases SET expires_at = MAX(expires_at, ? + ttl)", (now,))
+
+    # -- identities ---------------------------------------------------------------
+
+    def register(
+        self, *, identity: str, spec: bytes, fingerprint: str, agent_class: str, labels: Mapping[str, str],
+        addressability: str = "ADDRESSABLE",
+    ) -> RegisterOutcome:
+        """Record a spawned identity; idempotent for an identical spec.
+
+        Raises:
+            InvalidSpecError: if the identity exists with a different spec.
+        """
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT fingerprint, lifecycle FROM identities WHERE identity = ?", (identity,)
+            ).fetchone()
+            if row is not None:
+                if row[0] != fingerprint:
+                    raise InvalidSpecError(
+                        f"identity {identity!r} already exists with a different spec; spawn is idempotent only "
+                        f"for the same spec. Use fleet.apply() to change a spec, or delete the identity first",
+                        subject="spec",
+                    )
+                return RegisterOutcome(created=False, lifecycle=row[1])
+            db.execute(
+                "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, '', ?)",
+                (identity, spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability, PERSISTED_LIVE,
+                 self._clock()),
+            )
+            return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE)
+
+    def update_spec(
+        self, *, identity: str, spec: bytes, fingerprint: str, agent_class: str, labels: Mapping[str, str],
+        addressability: str = "ADDRESSABLE",
+    ) -> None:
+        """Replace the spec of an existing identity (used by declarative apply)."""
+        with self._transaction() as db:
+            changed = db.execute(
+                "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ? "
+                "WHERE identity = ?",
+                (spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability, identity),
+            ).rowcount
+            if not changed:
+                raise UnknownIdentityError(identity=identity)
+
+    def resolve(self, identities: Iterable[str]) -> dict[str, IdentityView]:
+        """Views of the given identities; unknown ones are absent from the result."""
+        with self._lock:
+            return {
+                identity: view
+                for identity in identities
+                if (view := self._view(self._db, identity)) is not None
+            }
+
+    def list_identities(self, *, labels: Mapping[str, str] | None = None) -> list[IdentityView]:
+        """All identities, sorted, optionally only those whose labels include ``labels``."""
+        with self._lock:
+            names = [row[0] for row in self._db.execute("SELECT identity FROM identities ORDER BY identity")]
+            views = [view for name in names if (view := self._view(self._db, name)) is not None]
+        if labels:
+            wanted = dict(labels)
+            views = [view for view in views if all(view.labels.get(k) == v for k, v in wanted.items())]
+        return views
+
+    def _view(self, db: sqlite3.Connection, identity: str) -> IdentityView | None:
+        row = db.execute(
+            "SELECT spec, fingerprint, agent_class, labels, lifecycle, reason, addressability FROM identities "
+            "WHERE identity = ?",
+            (identity,),
+        ).fetchone()
+        if row is None:
+            return None
+        record, pointer = self._continuity(db, identity)
+        return IdentityView(
+            identity=identity,
+            spec=row[0],
+            fingerprint=row[1],
+            agent_class=row[2],
+            labels=json.loads(row[3]),
+            addressability=row[6],
+            lifecycle=row[4],
+            reason=row[5],
+            continuity=record,
+            snapshot=pointer,
+            lease=self._lease(db, identity),
+        )
+
+    def _continuity(self, db: sqlite3.Connection, identity: str) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
+        row = db.execute(
+            "SELECT runtime_id, session_id, generation, checkpoint_version, fence, snapshot_file, snapshot_row "
+            "FROM continuity WHERE identity = ?",
+            (identity,),
+        ).fetchone()
+        if row is None:
+            return None, None
+        record = ContinuityRecord(
+            identity=identity, runtime_id=row[0], session_id=row[1], generation=row[2],
+            checkpoint_version=row[3], fence=row[4],
+        )
+        pointer = None if row[5] is None else SnapshotPointer(file=row[5], row=row[6], version=row[3])
+        return record, pointer
+
+    def _lease(self, db: sqlite3.Connection, identity: str) -> LeaseView | None:
+        row = db.execute("SELECT holder, token, ttl, expires_at FROM leases WHERE identity = ?", (identity,)).fetchone()
+        if row is None:
+            return None
+        expires_in = row[3] - self._clock()
+        if expires_in <= 0:
+            return None
+        return LeaseView(holder=row[0], fencing_token=row[1], ttl=row[2], expires_in=expires_in)
+
+    # -- leases -------------------------------------------------------------------
+
+    def acquire(
+        self, *, holder: str, identities: Iterable[str], ttl: float = DEFAULT_LEASE_TTL, create_continuity: bool = True
+    ) -> dict[str, Activation | LeaseDenied | RayfleetError]:
+        """Acquire leases on many identities in one commit.
+
+        Each granted identity gets a token one above its high-water mark (a holder that
+        re-acquires its own lease gets a new, larger token too: lifecycle operations
+        use that to fence themselves). The continuity record is stamped with the new
+        token, and created at generation 0 when ``create_continuity`` and none exists.
+
+        Returns, per identity: an :class:`Activation`, a :class:`LeaseDenied` naming
+        the current holder, or an ``UnknownIdentityError``.
+        """
+        if ttl <= 0:
+            raise InvalidSpecError(f"lease ttl must be positive, got {ttl!r}", subject="ttl")
+        results: dict[str, Activation | LeaseDenied | RayfleetError] = {}
+        now = self._clock()
+        with self._transaction() as db:
+            for identity in dict.fromkeys(identities):
+                if db.execute("SELECT 1 FROM identities WHERE identity = ?", (identity,)).fetchone() is None:
+                    results[identity] = UnknownIdentityError(identity=identity)
+                    continue
+                current = db.execute("SELECT holder, expires_at FROM leases WHERE identity = ?", (identity,)).fetchone()
+                if current is not None and current[0] != holder and current[1] > now:
+                    results[identity] = LeaseDenied(identity=identity, holder=current[0], expires_in=current[1] - now)
+                    continue
+                token = self._raise_high_water(db, identity)
+                db.execute(
+                    "INSERT INTO leases VALUES (?, ?, ?, ?, ?) ON CONFLICT(identity) DO UPDATE SET "
+                    "holder = excluded.holder, token = excluded.token, ttl = excluded.ttl, expires_at = excluded.expires_at",
+                    (identity, holder, token, ttl, now + ttl),
+                )
+                stamped = db.execute("UPDATE continuity SET fence = ? WHERE identity = ?", (token, identity)).rowcount
+                if not stamped and create_continuity:
+                    db.execute(
+                        "INSERT INTO continuity VALUES (?, ?, ?, 0, 0, ?, NULL, NULL)",
+                        (identity, format_runtime_id(identity, 0), new_session_id(), token),
+                    )
+                view = self._view(db, identity)
+                assert view is not None  # the identity row was checked above, in this transaction
+                results[identity] = Activation(
+                    grant=LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=ttl), view=view
+                )
+        return results
+
+    def _raise_high_water(self, db: sqlite3.Connection, identity: str) -> int:
+        row = db.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+        token = 1 if row is None else row[0] + 1
+        db.execute(
+            "INSERT INTO fences VALUES (?, ?) ON CONFLICT(identity) DO UPDATE SET high_water = excluded.high_water",
+            (identity, token),
+        )
+        return token
+
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> dict[str, LeaseGrant | None]:
+        """Extend many leases by their TTL in one commit; ``None`` means the lease is lost.
+
+        A lease is renewed only if ``holder`` still holds it with the same token (an
+        expired lease that nobody else took is renewed too: fencing, not the clock,
+        decides who may write).
+        """
+        results: dict[str, LeaseGrant | None] = {}
+        now = self._clock()
+        with self._transaction() as db:
+            for identity, token in tokens.items():
+                row = db.execute("SELECT holder, token, ttl FROM leases WHERE identity = ?", (identity,)).fetchone()
+                if row is None or row[0] != holder or row[1] != token:
+                    results[identity] = None
+                    continue
+                db.execute("UPDATE leases SET expires_at = ? WHERE identity = ?", (now + row[2], identity))
+                results[identity] = LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=row[2])
+        return results
+
+    def release(self, *, holder: str, tokens: Mapping[str, int]) -> int:
+        """Give up leases (only those still held with the given token); returns how many."""
+        with self._transaction() as db:
+            return sum(
+                db.execute(
+                    "DELETE FROM leases WHERE identity = ? AND holder = ? AND token = ?", (identity, holder, token)
+                ).rowcount
+                for identity, token in tokens.items()
+            )
+
+    def revoke_holder(self, holder: str) -> list[str]:
+        """Drop every lease of a holder known to be dead; returns the freed identities.
+
+        Safe without waiting for the TTL because fencing, not timing, protects state:
+        should the holder still be alive, its next write presents a superseded token.
+        """
+        with self._transaction() as db:
+            freed = [row[0] for row in db.execute("SELECT identity FROM leases WHERE holder = ? ORDER BY identity", (holder,))]
+            db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
+            return freed
+
+    # -- fenced writes ------------------------------------------------------------
+
+    def _check_fence(self, db: sqlite3.Connection, identity: str, token: int) -> None:
+        row = db.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+        if row is None:
+            raise UnknownIdentityError(identity=identity)
+        if token < row[0]:
+            raise StaleFencingTokenError(identity=identity, presented=token, current=row[0])
+        if token > row[0]:
+            raise LeaseLostError(identity=identity, detail=f"token {token} was never issued (high-water {row[0]})")
+
+    def check_fence(self, identity: str, token: int) -> None:
+        """Raise unless ``token`` is the identity's current high-water mark."""
+        with self._lock:
+            self._check_fence(self._db, identity, token)
+
+    def commit_checkpoints(self, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None]:
+        """Move many snapshot pointers in one transaction; each is checked on its own.
+
+        Returns one entry per commit, ``None`` when accepted, else the refusal
+        (``StaleFencingTokenError``, ``StaleCheckpointVersionError``, ...). Refused
+        entries change nothing; accepted ones are durable when this returns.
+        """
+        outcomes: list[RayfleetError | None] = []
+        with self._transaction() as db:
+            for commit in commits:
+                try:
+                    self._check_fence(db, commit.identity, commit.fencing_token)
+                    row = db.execute(
+                        "SELECT checkpoint_version FROM continuity WHERE identity = ?", (commit.identity,)
+                    ).fetchone()
+                    if row is None:
+                        raise UnknownIdentityError(identity=commit.identity)
+                    if commit.version <= row[0]:
+                        raise StaleCheckpointVersionError(
+                            identity=commit.identity, presented=commit.version, current=row[0]
+                        )
+                    db.execute(
+                        "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ? "
+                        "WHERE identity = ?",
+                        (commit.version, commit.fencing_token, commit.pointer.file, commit.pointer.row, commit.identity),
+                    )
+                    outcomes.append(None)
+                except RayfleetError as error:
+                    outcomes.append(error)
+        return outcomes
+
+    def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
+        """Persist retired / broken / live for an identity, fenced."""
+        if lifecycle not in (PERSISTED_LIVE, PERSISTED_RETIRED, PERSISTED_BROKEN):
+            raise InvalidSpecError(f"unknown lifecycle marker {lifecycle!r}", subject="lifecycle")
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            db.execute(
+                "UPDATE identities SET lifecycle = ?, reason = ? WHERE identity = ?", (lifecycle, reason, identity)
+            )
+
+    def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
+        """Start a new generation: new runtime id and session, version 0, no snapshot.
+
+        One transaction, so there is never a half-reset record to roll back (the seed
+        re-writes an older generation on failure; this ledger never has to).
+        """
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            record, _ = self._continuity(db, identity)
+            generation = 0 if record is None else record.generation + 1
+            fresh = ContinuityRecord(
+                identity=identity, runtime_id=format_runtime_id(identity, generation), session_id=new_session_id(),
+                generation=generation, checkpoint_version=0, fence=fencing_token,
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO continuity VALUES (?, ?, ?, ?, 0, ?, NULL, NULL)",
+                (identity, fresh.runtime_id, fresh.session_id, generation, fencing_token),
+            )
+            db.execute("UPDATE identities SET lifecycle = ?, reason = '' WHERE identity = ?", (PERSISTED_LIVE, identity))
+            return fresh
+
+    def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
+        """Remove an identity, its continuity record and lease; return its last snapshot.
+
+        The fence high-water mark is kept forever, so a token issued before the delete
+        can never write to an identity re-created under the same name.
+        """
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            _, pointer = self._continuity(db, identity)
+            db.execute("DELETE FROM continuity WHERE identity = ?", (identity,))
+            db.execute("DELETE FROM leases WHERE identity = ?", (identity,))
+            db.execute("DELETE FROM identities WHERE identity = ?", (identity,))
+            return pointer
+
+    def referenced_snapshot_files(self) -> set[str]:
+        """Every file some continuity record points at (the GC keeps these)."""
+        with self._lock:
+            return {row[0] for row in self._db.execute("SELECT DISTINCT snapshot_file FROM continuity WHERE snapshot_file IS NOT NULL")}
+
+    def high_water(self, identity: str) -> int:
+        """The highest token ever issued for ``identity`` (0 if none)."""
+        with self._lock:
+            row = self._db.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+            return 0 if row is None else int(row[0])
+
+    # -- hosts --------------------------------------------------------------------
+
+    def register_host(self, *, name: str, holder: str) -> list[str]:
+        """Record a host incarnation; leases of an earlier incarnation of the same name are freed.
+
+        Ray runs at most one actor per name, so a new incarnation proves the old one dead.
+        """
+        with self._transaction() as db:
+            previous = db.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
+            freed: list[str] = []
+            if previous is not None and previous[0] != holder:
+                freed = [row[0] for row in db.execute("SELECT identity FROM leases WHERE holder = ?", (previous[0],))]
+                db.execute("DELETE FROM leases WHERE holder = ?", (previous[0],))
+            db.execute(
+                "INSERT OR REPLACE INTO hosts VALUES (?, ?, ?, 0)", (name, holder, self._clock())
+            )
+            return freed
+
+    def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
+        """Forget a host (dead or scaled in) and free its leases."""
+        with self._transaction() as db:
+            row = db.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
+            if row is None or (holder is not None and row[0] != holder):
+                return []
+            freed = [r[0] for r in db.execute("SELECT identity FROM leases WHERE holder = ?", (row[0],))]
+            db.execute("DELETE FROM leases WHERE holder = ?", (row[0],))
+            db.execute("DELETE FROM hosts WHERE name = ?", (name,))
+            return freed
+
+    def set_host_draining(self, *, name: str, draining: bool) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE hosts SET draining = ? WHERE name = ?", (int(draining), name))
+
+    def hosts(self) -> list[HostView]:
+        with self._lock:
+            return [
+                HostView(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]))
+                for row in self._db.execute("SELECT name, holder, started_at, draining FROM hosts ORDER BY name")
+            ]
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,19 @@
+"""Everything Ray: the ledger actor, host actors, the ``Fleet`` driver API and the CLI."""
+
+from __future__ import annotations
+
+from ._fleet import AgentRef as AgentRef
+from ._fleet import Fleet as Fleet
+from ._fleet import FleetConfig as FleetConfig
+from ._fleet import connect as connect
+from ._host import AgentHost as AgentHost
+from ._ledger_actor import LedgerActor as LedgerActor
+
+__all__ = [
+    "AgentHost",
+    "AgentRef",
+    "Fleet",
+    "FleetConfig",
+    "LedgerActor",
+    "connect",
+]

@@ -1,0 +1,487 @@
+"""``Fleet``: the driver's handle on a rayfleet deployment, and ``AgentRef``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import ray
+
+from ..errors import DeadlineExceededError, FleetUnavailableError, InvalidSpecError, UnknownIdentityError
+from ..identity._agent import Agent
+from ..identity._ledger import HostView, IdentityView
+from ..identity._names import validate_identity
+from ..identity._runtime import HostStatistics, holder_host
+from ..identity._snapshots import SnapshotStore
+from ..identity._spec import AgentSpec
+from ..identity._types import (
+    PERSISTED_BROKEN,
+    PERSISTED_RETIRED,
+    Addressability,
+    Durability,
+    EventKind,
+    IdentityEvent,
+    IdentityStatus,
+    LeaseInfo,
+    LifecycleState,
+    TopologyPolicy,
+    lease_is_healthy,
+)
+from ._host import AgentHost
+from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, SyncLedger
+from ._routing import Courier, HostDirectory
+
+log = logging.getLogger("rayfleet.fleet")
+
+DEFAULT_NAMESPACE = "rayfleet"
+DEFAULT_STORAGE = "./.rayfleet"
+HOST_NAME_PREFIX = "rayfleet-host-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetConfig:
+    """How a fleet is deployed. Built by :func:`connect`; every field has a default."""
+
+    address: str | None = None
+    """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
+    storage: str = DEFAULT_STORAGE
+    """Folder or URI for snapshots (and the SQLite ledger when it is a local folder)."""
+    ledger_path: str | None = None
+    """SQLite ledger file; defaults to ``<storage>/ledger.sqlite`` for local storage."""
+    namespace: str = DEFAULT_NAMESPACE
+    """Ray namespace of the fleet's actors; fleets in different namespaces are independent."""
+    hosts: int | None = None
+    """Number of host actors; ``None`` means one per CPU of the cluster (at least 1)."""
+    lease_ttl: float = 10.0
+    """Seconds a lease lasts; hosts renew every TTL/3."""
+    idle_timeout: float = 300.0
+    """Seconds without a turn before an agent is checkpointed and deactivated."""
+
+    def _validate(self) -> None:
+        if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
+            raise InvalidSpecError(f"hosts must be a positive integer, got {self.hosts!r}", subject="hosts")
+        for name in ("lease_ttl", "idle_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", subject=name)
+        if not self.namespace or not isinstance(self.namespace, str):
+            raise InvalidSpecError(f"namespace must be a non-empty string, got {self.namespace!r}", subject="namespace")
+
+
+def connect(
+    address: str | None = None,
+    storage: str | os.PathLike[str] | None = None,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    hosts: int | None = None,
+    lease_ttl: float = 10.0,
+    idle_timeout: float = 300.0,
+    ledger_path: str | None = None,
+) -> Fleet:
+    """Connect to (or start) a fleet and return its driver handle.
+
+    ``address=None`` uses ``RAY_ADDRESS`` when set, else starts a local Ray;
+    ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``. The
+    ledger and host actors are created if they do not exist yet (they are detached,
+    so they outlive this driver) and reused if they do.
+
+    Raises:
+        InvalidSpecError: for a bad option.
+        FleetUnavailableError: if Ray cannot be reached.
+    """
+    storage_text = str(storage) if storage is not None else os.environ.get("RAYFLEET_STORAGE", DEFAULT_STORAGE)
+    config = FleetConfig(
+        address=address or os.environ.get("RAY_ADDRESS") or None,
+        storage=storage_text,
+        ledger_path=ledger_path,
+        namespace=namespace,
+        hosts=hosts,
+        lease_ttl=lease_ttl,
+        idle_timeout=idle_timeout,
+    )
+    config._validate()
+    return Fleet(config)
+
+
+class Fleet:
+    """The driver API: spawn agents, call them, manage their lifecycle.
+
+    Every method is safe to call from a plain (non-async) driver; ``AgentRef.ask``
+    and :meth:`subscribe` are the async entry points.
+    """
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self._started_ray = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=config.address, namespace=config.namespace, log_to_driver=True,
+                         include_dashboard=None if config.address else False)
+            except ConnectionError as error:
+                raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
+            self._started_ray = config.address is None
+        self.storage = _absolute_storage(config.storage)
+        self.ledger_path = config.ledger_path or _default_ledger_path(self.storage)
+        ledger_handle = LedgerActor.options(
+            name=LEDGER_ACTOR_NAME, namespace=config.namespace, lifetime="detached", get_if_exists=True
+        ).remote(self.ledger_path)
+        self._ledger = SyncLedger(ledger_handle)
+        ray.get(ledger_handle.ping.remote())
+        self._courier = Courier(HostDirectory(config.namespace), ledger_handle)
+        self._snapshots: SnapshotStore | None = None
+        self._ensure_hosts()
+
+    # -- hosts ----------------------------------------------------------------------
+
+    def _ensure_hosts(self) -> None:
+        # get_if_exists makes this idempotent: live hosts are reused, missing ones created
+        # (the ledger may list hosts of an earlier Ray session that are gone).
+        wanted = self.config.hosts or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        handles = [self._start_host(f"{HOST_NAME_PREFIX}{index}") for index in range(wanted)]
+        ray.get([handle.start.remote() for handle in handles])
+        self._courier.refresh_sync()
+
+    def _start_host(self, name: str) -> ray.actor.ActorHandle:
+        return AgentHost.options(
+            name=name, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
+            scheduling_strategy="SPREAD",
+        ).remote(name, self.config.namespace, self.storage, self.config.lease_ttl, self.config.idle_timeout)
+
+    def add_host(self) -> str:
+        """Start one more host actor and return its name."""
+        names = {host.name for host in self._ledger.call("hosts")}
+        index = next(i for i in range(len(names) + 1) if f"{HOST_NAME_PREFIX}{i}" not in names)
+        name = f"{HOST_NAME_PREFIX}{index}"
+        ray.get(self._start_host(name).start.remote())
+        self._courier.refresh_sync()
+        return name
+
+    def hosts(self) -> list[HostView]:
+        """The registered hosts (name, lease holder id, start time, draining)."""
+        return list(self._ledger.call("hosts"))
+
+    def host_statistics(self) -> list[HostStatistics]:
+        """Counters of every live host."""
+        self._courier.refresh_sync()
+        handles = [self._courier.directory.handle(name) for name in self._courier.directory.names]
+        return list(ray.get([handle.statistics.remote() for handle in handles]))
+
+    def drain(self, host: str, *, timeout: float = 25.0) -> int:
+        """Stop new activations on ``host``, checkpoint and release its agents.
+
+        Returns how many agents were released, or -1 if ``timeout`` passed first (the
+        rest then move when their leases lapse). The host stays up but takes no new
+        work until :meth:`undrain`; call ``ray.kill`` on it afterwards to scale in.
+        """
+        handle = self._courier.directory.handle(host)
+        released = ray.get(handle.drain.remote(timeout))
+        self._courier.refresh_sync()
+        return int(released)
+
+    def undrain(self, host: str) -> None:
+        ray.get(self._courier.directory.handle(host).undrain.remote())
+        self._courier.refresh_sync()
+
+    # -- agents ---------------------------------------------------------------------
+
+    def spawn(
+        self,
+        identity: str | AgentSpec,
+        agent: type[Agent] | str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        addressability: Addressability | str = Addressability.ADDRESSABLE,
+        peers: tuple[str, ...] | list[str] = (),
+        topology: TopologyPolicy | str = TopologyPolicy.OPEN,
+        durability: Durability | str = Durability.EVERY_TURN,
+        checkpoint_interval: float = 1.0,
+        display_name: str = "",
+        context: Mapping[str, Any] | None = None,
+        eager: bool = False,
+    ) -> AgentRef:
+        """Create an agent (idempotent) and return a ref to it.
+
+        Spawning an identity that exists with the same spec returns a ref to it;
+        with a different spec it raises. ``eager=True`` activates it now instead of
+        on its first message.
+
+        Raises:
+            InvalidSpecError: bad identity or spec, or a conflicting existing spec.
+        """
+        if isinstance(identity, AgentSpec):
+            if agent is not None:
+                raise InvalidSpecError("pass either an AgentSpec or an identity and agent class, not both",
+                                       subject="agent")
+            spec = identity
+        else:
+            if agent is None:
+                raise InvalidSpecError(
+                    f"spawn({identity!r}) needs an agent class: fleet.spawn({identity!r}, MyAgent)", subject="agent"
+                )
+            spec = AgentSpec(
+                identity=identity, agent=agent, labels=labels or {}, addressability=addressability,
+                peers=tuple(peers), topology=topology, durability=durability,
+                checkpoint_interval=checkpoint_interval, display_name=display_name, context=context or {},
+            )
+        self._register(spec)
+        ref = AgentRef(self, spec.identity)
+        if eager:
+            self._courier.route_sync(spec.identity, "activate")
+        return ref
+
+    def _register(self, spec: AgentSpec) -> None:
+        self._ledger.register(
+            identity=spec.identity, spec=pickle_spec(spec), fingerprint=spec.fingerprint(),
+            agent_class=spec.agent_class_path, labels=spec.labels, addressability=spec.addressability.value,
+        )
+
+    def agent(self, identity: str) -> AgentRef:
+        """A ref to an existing agent by name (existence is checked on first use)."""
+        return AgentRef(self, validate_identity(identity))
+
+    def spec(self, identity: str) -> AgentSpec:
+        """The spec an identity was spawned with."""
+        return cloudpickle.loads(self._view(identity).spec)
+
+    def _view(self, identity: str) -> IdentityView:
+        views = self._ledger.call("resolve", identities=[validate_identity(identity)])
+        if identity not in views:
+            raise UnknownIdentityError(identity=identity)
+        return views[identity]
+
+    def status(self, identity: str) -> IdentityStatus:
+        """Where ``identity`` is in its life, who owns it, and its lease."""
+        return _status(self._view(identity))
+
+    def list(self, labels: Mapping[str, str] | None = None) -> list[IdentityStatus]:
+        """Statuses of all identities (sorted), or those whose labels include ``labels``."""
+        return [_status(view) for view in self._ledger.call("list_identities", labels=dict(labels or {}))]
+
+    def retire(self, identity: str) -> int:
+        """Checkpoint and deactivate; calls then fail with ``InvalidStateError`` until respawn.
+
+        Returns the fencing token the retirement was written with.
+        """
+        return int(self._lifecycle(identity, "retire"))
+
+    def respawn(self, identity: str) -> IdentityStatus:
+        """Bring a retired, broken or live identity back from its last committed State."""
+        self._lifecycle(identity, "respawn")
+        return self.status(identity)
+
+    def reset(self, identity: str) -> IdentityStatus:
+        """New generation and session, fresh State; the old State is discarded."""
+        self._lifecycle(identity, "reset")
+        return self.status(identity)
+
+    def delete(self, identity: str) -> None:
+        """Remove the identity and its continuity record; later calls raise ``UnknownIdentityError``."""
+        self._lifecycle(identity, "delete")
+        self._courier.directory.forget(identity)
+
+    def deactivate(self, identity: str) -> bool:
+        """Checkpoint and release an active agent now (it reactivates on its next message)."""
+        return bool(self._lifecycle(identity, "deactivate"))
+
+    def _lifecycle(self, identity: str, operation: str) -> Any:
+        self._view(identity)  # unknown identities fail here, with a clear error
+        return self._courier.route_sync(identity, "lifecycle", operation)
+
+    def collect_garbage(self, *, min_age: float = 60.0) -> list[str]:
+        """Delete snapshot files no continuity record points at and older than ``min_age`` seconds."""
+        referenced = self._ledger.call("referenced_snapshot_files")
+        return self._snapshot_store().collect_garbage(referenced, min_age=min_age)
+
+    def _snapshot_store(self) -> SnapshotStore:
+        if self._snapshots is None:
+            self._snapshots = SnapshotStore(self.storage)
+        return self._snapshots
+
+    # -- events ---------------------------------------------------------------------
+
+    async def subscribe(self, identity: str, *, poll_interval: float = 1.0) -> AsyncIterator[IdentityEvent]:
+        """Events of ``identity`` from whichever host owns it, until it is deleted.
+
+        Only events emitted after the subscription opened are delivered. A slow
+        reader loses the oldest events beyond 64 per host rather than stalling it.
+        """
+        self._view(identity)
+        subscriber = uuid.uuid4().hex
+        directory = self._courier.directory
+        await self._courier.refresh_async()
+        handles = {name: directory.handle(name) for name in directory.names}
+        await asyncio.gather(*(h.open_subscription.remote(identity, subscriber) for h in handles.values()))
+        queue: asyncio.Queue[IdentityEvent | None] = asyncio.Queue()
+
+        async def pump(handle: ray.actor.ActorHandle) -> None:
+            try:
+                while True:
+                    events, ended = await handle.poll_events.remote(subscriber, poll_interval)
+                    for event in events:
+                        await queue.put(event)
+                    if ended:
+                        return
+            except ray.exceptions.RayActorError:
+                return
+
+        pumps = [asyncio.get_running_loop().create_task(pump(handle)) for handle in handles.values()]
+        try:
+            while True:
+                event = await queue.get()
+                if event is None:
+                    return
+                yield event
+                if event.kind is EventKind.DELETED:
+                    return
+        finally:
+            for task in pumps:
+                task.cancel()
+            for handle in handles.values():
+                handle.close_subscription.remote(subscriber)
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def shutdown(self, *, stop_actors: bool | None = None) -> None:
+        """Disconnect; with ``stop_actors`` (default: when this driver started Ray) also
+        checkpoint every agent and stop the fleet's actors."""
+        stop = self._started_ray if stop_actors is None else stop_actors
+        if stop:
+            directory = self._courier.directory
+            self._courier.refresh_sync()
+            handles = [directory.handle(name) for name in directory.names if name not in directory.dead]
+            try:
+                ray.get([handle.shutdown.remote() for handle in handles], timeout=60)
+            except Exception as error:  # a dead host has nothing left to checkpoint
+                log.warning("host shutdown: %s", error)
+            for handle in handles:
+                ray.kill(handle)
+            ray.kill(self._ledger.handle)
+        if self._started_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+class AgentRef:
+    """A handle on one agent by name; cheap to create, safe to share."""
+
+    __slots__ = ("_fleet", "identity")
+
+    def __init__(self, fleet: Fleet, identity: str) -> None:
+        self._fleet = fleet
+        self.identity = identity
+
+    def __repr__(self) -> str:
+        return f"AgentRef({self.identity!r})"
+
+    def call(self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Run handler ``method`` and return its value (blocking).
+
+        Raises:
+            HandlerError: the handler raised (remote type, message and traceback inside).
+            DeadlineExceededError: no reply within ``timeout`` seconds.
+            UnknownIdentityError, UnknownHandlerError, InvalidArgumentsError,
+            InvalidStateError, LeaseLostError, FleetUnavailableError.
+        """
+        try:
+            return self._fleet._courier.route_sync(self.identity, "deliver", method, args, kwargs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise DeadlineExceededError(identity=self.identity, method=method, timeout=timeout or 0.0) from None
+
+    async def ask(self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """``call``, awaited."""
+        work = self._fleet._courier.route_async(self.identity, "deliver", method, args, kwargs)
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(identity=self.identity, method=method, timeout=timeout or 0.0) from None
+
+    def tell(self, method: str, /, *args: Any, **kwargs: Any) -> None:
+        """Send without waiting for the turn; failures are logged on the host."""
+        self._fleet._courier.route_sync(self.identity, "tell", method, args, kwargs)
+
+    def status(self) -> IdentityStatus:
+        return self._fleet.status(self.identity)
+
+
+def _status(view: IdentityView) -> IdentityStatus:
+    record, lease = view.continuity, view.lease
+    if view.lifecycle == PERSISTED_RETIRED:
+        state = LifecycleState.RETIRING
+    elif view.lifecycle == PERSISTED_BROKEN:
+        state = LifecycleState.BROKEN
+    elif lease is not None:
+        state = LifecycleState.ACTIVE
+    elif record is None:
+        state = LifecycleState.UNINITIALIZED
+    else:
+        state = LifecycleState.DORMANT
+    return IdentityStatus(
+        identity=view.identity,
+        state=state,
+        generation=None if record is None else record.generation,
+        checkpoint_version=None if record is None or record.checkpoint_version == 0 else record.checkpoint_version,
+        runtime_id=None if record is None else record.runtime_id,
+        session_id=None if record is None else record.session_id,
+        lease=None if lease is None else LeaseInfo(
+            fencing_token=lease.fencing_token, ttl_remaining=lease.expires_in,
+            healthy=lease_is_healthy(lease.ttl, lease.expires_in),
+        ),
+        host=None if lease is None else holder_host(lease.holder),
+        agent_class=view.agent_class,
+        labels=dict(view.labels),
+        addressability=Addressability(view.addressability),
+        broken_reason=view.reason if view.lifecycle == PERSISTED_BROKEN else "",
+    )
+
+
+def pickle_spec(spec: AgentSpec) -> bytes:
+    """Pickle a spec so any host can rebuild it.
+
+    Agent classes from the user's own files (not an installed package) are pickled by
+    value: Ray workers do not see the driver's ``sys.path``, and on a laptop users
+    expect a class defined next to their script to just work. Installed packages and
+    ``"pkg.module:Class"`` paths are pickled by reference, as Ray users would expect.
+    """
+    if not isinstance(spec.agent, str):
+        module = sys.modules.get(spec.agent.__module__)
+        location = getattr(module, "__file__", None) or ""
+        if module is not None and location and not _is_installed(location):
+            cloudpickle.register_pickle_by_value(module)
+    return cloudpickle.dumps(spec)
+
+
+def _is_installed(path: str) -> bool:
+    parts = Path(path).resolve().parts
+    return "site-packages" in parts or "dist-packages" in parts or Path(path).resolve().is_relative_to(_PACKAGE_ROOT)
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _absolute_storage(storage: str) -> str:
+    if "://" in storage:
+        return storage
+    return str(Path(storage).expanduser().resolve())
+
+
+def _default_ledger_path(storage: str) -> str:
+    if "://" in storage and not storage.startswith("file://"):
+        raise InvalidSpecError(
+            f"storage {storage!r} is remote; give connect(ledger_path=...) a local path for the SQLite ledger",
+            subject="ledger_path",
+        )
+    root = storage.removeprefix("file://")
+    return str(Path(root) / "ledger.sqlite")

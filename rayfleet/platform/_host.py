@@ -1,0 +1,203 @@
+"""``AgentHost``: the Ray actor that hosts many agents (``rayfleet-host-N``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+import ray
+
+from ..errors import InvalidSpecError, RayfleetError
+from ..identity._events import EventSubscription
+from ..identity._runtime import HostDraining, HostRuntime, HostStatistics, OwnedElsewhere, holder_host
+from ..identity._snapshots import SnapshotStore
+from ..identity._types import IdentityEvent
+from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
+from ._routing import ERROR, OK, REDIRECT, RETRY, Courier, HostDirectory
+
+log = logging.getLogger("rayfleet.host")
+
+SUBSCRIPTION_IDLE_TIMEOUT = 60.0
+
+
+class _HostRouter:
+    """How agents on this host reach other agents: locally when possible, else via Ray."""
+
+    def __init__(self, host: AgentHost) -> None:
+        self._host = host
+
+    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any:
+        if target == sender:
+            raise InvalidSpecError(
+                f"{sender!r} sent {method!r} to itself; a handler cannot wait for its own turn. "
+                f"Call the method directly on self instead",
+                subject="target",
+            )
+        runtime = self._host.runtime
+        if target in runtime.active_identities():
+            result = await runtime.deliver(target, method, (), kwargs)
+            return result.value
+        return await self._host.courier.route_async(target, "deliver", method, (), dict(kwargs))
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class AgentHost:
+    """Hosts many agents in one async actor; see :class:`HostRuntime` for the guarantees.
+
+    Every request method answers with ``(kind, payload)``: ``ok`` with the value,
+    ``redirect`` with the owning host's name, ``retry`` when this host cannot serve
+    it now, or ``error`` with a pickle-safe ``RayfleetError`` (returned, not raised,
+    so the caller gets the error itself rather than Ray's wrapper).
+    """
+
+    def __init__(self, name: str, namespace: str, storage: str, lease_ttl: float, idle_timeout: float) -> None:
+        self.name = name
+        self.namespace = namespace
+        self._storage = storage
+        self._lease_ttl = lease_ttl
+        self._idle_timeout = idle_timeout
+        self.runtime: HostRuntime
+        self.courier: Courier
+        self._started: asyncio.Future[None] | None = None
+        self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
+
+    async def start(self) -> str:
+        """Connect to the ledger, start the runtime and register; returns the lease holder id."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            try:
+                ledger_handle = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self.namespace)
+                ledger = RayLedgerClient(ledger_handle)
+                self.courier = Courier(HostDirectory(self.namespace), ledger_handle)
+                self.runtime = HostRuntime(
+                    name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
+                    lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
+                )
+                await self.runtime.start()
+                await ledger.register_host(name=self.name, holder=self.runtime.holder)
+                await self.courier.refresh_async()
+                self._started.set_result(None)
+            except BaseException as error:
+                self._started.set_exception(error)
+                raise
+        await self._started
+        return self.runtime.holder
+
+    async def _serve(self, work: Awaitable[Any]) -> tuple[str, Any]:
+        if self._started is None:
+            await self.start()
+        else:
+            await self._started
+        try:
+            return OK, await work
+        except OwnedElsewhere as signal:
+            return REDIRECT, holder_host(signal.holder)
+        except HostDraining:
+            return RETRY, None
+        except RayfleetError as error:
+            return ERROR, error
+        except Exception as error:  # a bug, not the caller's fault: report it without crashing the host
+            log.exception("unexpected error on %s", self.name)
+            return ERROR, RayfleetError(
+                f"internal error on {self.name}: {type(error).__name__}: {error}. This is a rayfleet bug; "
+                f"please report it with the host log"
+            )
+
+    async def deliver(self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+        async def turn() -> Any:
+            return (await self.runtime.deliver(identity, method, args, kwargs)).value
+
+        return await self._serve(turn())
+
+    async def tell(self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+        """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere)."""
+
+        async def forward() -> None:
+            try:
+                await self.courier.route_async(identity, "deliver", method, args, kwargs)
+            except Exception as error:
+                log.warning("tell %s.%s failed: %s", identity, method, error)
+
+        asyncio.get_running_loop().create_task(forward())
+        return OK, None
+
+    async def activate(self, identity: str) -> tuple[str, Any]:
+        return await self._serve(self.runtime.activate(identity))
+
+    async def lifecycle(self, identity: str, operation: str) -> tuple[str, Any]:
+        operations = {
+            "retire": self.runtime.retire,
+            "respawn": self.runtime.respawn,
+            "reset": self.runtime.reset,
+            "delete": self.runtime.delete,
+            "deactivate": self.runtime.deactivate,
+        }
+        return await self._serve(operations[operation](identity))
+
+    async def drain(self, timeout: float) -> int:
+        """Stop new activations, then checkpoint and release every agent within ``timeout`` seconds."""
+        await self.start()
+        self.runtime.draining = True
+        await self.courier.ledger.call.remote("set_host_draining", {"name": self.name, "draining": True})
+        try:
+            return await asyncio.wait_for(self.runtime.deactivate_all(), timeout)
+        except asyncio.TimeoutError:
+            return -1
+
+    async def undrain(self) -> None:
+        await self.start()
+        self.runtime.draining = False
+        await self.courier.ledger.call.remote("set_host_draining", {"name": self.name, "draining": False})
+
+    async def shutdown(self) -> int:
+        """Checkpoint and release every agent, then leave the ledger's host list."""
+        await self.start()
+        count = len(self.runtime.active_identities())
+        await self.runtime.shutdown(checkpoint=True)
+        await self.courier.ledger.call.remote("remove_host", {"name": self.name, "holder": self.runtime.holder})
+        return count
+
+    async def flush(self) -> int:
+        await self.start()
+        return await self.runtime.flush()
+
+    async def statistics(self) -> HostStatistics:
+        await self.start()
+        return self.runtime.statistics()
+
+    async def active_identities(self) -> list[str]:
+        await self.start()
+        return self.runtime.active_identities()
+
+    async def open_subscription(self, identity: str, subscriber: str) -> None:
+        await self.start()
+        if subscriber not in self._subscriptions:
+            self._subscriptions[subscriber] = (identity, self.runtime.subscribe(identity), time.monotonic())
+
+    async def poll_events(self, subscriber: str, timeout: float) -> tuple[list[IdentityEvent], bool]:
+        """Events for one subscriber, waiting up to ``timeout``; the flag says the stream ended."""
+        await self.start()
+        self._sweep_subscriptions()
+        entry = self._subscriptions.get(subscriber)
+        if entry is None:
+            return [], True
+        identity, subscription, _ = entry
+        events = await subscription.next_batch(timeout)
+        self._subscriptions[subscriber] = (identity, subscription, time.monotonic())
+        return events, subscription.closed
+
+    async def close_subscription(self, subscriber: str) -> None:
+        entry = self._subscriptions.pop(subscriber, None)
+        if entry is not None:
+            self.runtime.unsubscribe(entry[0], entry[1])
+
+    def _sweep_subscriptions(self) -> None:
+        cutoff = time.monotonic() - SUBSCRIPTION_IDLE_TIMEOUT
+        for subscriber, (identity, subscription, last) in list(self._subscriptions.items()):
+            if last < cutoff:
+                del self._subscriptions[subscriber]
+                self.runtime.unsubscribe(identity, subscription)

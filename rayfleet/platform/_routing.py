@@ -1,0 +1,255 @@
+"""Where a message for an identity goes: rendezvous placement, route cache, redirects.
+
+The lease table is the truth about who owns an identity; placement only picks where
+an identity that nobody owns should be activated. A host that gets a message for an
+identity leased elsewhere answers with a redirect, and the route is cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from ..errors import FleetUnavailableError, RayfleetError
+
+log = logging.getLogger("rayfleet.routing")
+
+MAX_HOPS = 8
+
+# Reply kinds a host sends back; a tuple keeps the hot path free of class lookups.
+OK = "ok"
+REDIRECT = "redirect"
+RETRY = "retry"
+ERROR = "error"
+
+
+def rendezvous_pick(identity: str, hosts: Iterable[str]) -> str | None:
+    """The host with the highest hash of (identity, host): stable as hosts come and go."""
+    best, best_score = None, b""
+    for host in hosts:
+        score = hashlib.blake2b(f"{identity}\x1f{host}".encode(), digest_size=8).digest()
+        if score > best_score:
+            best, best_score = host, score
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class HostRecord:
+    name: str
+    holder: str
+    draining: bool
+
+
+class HostDirectory:
+    """The live hosts of one fleet, their actor handles, and cached routes."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._hosts: dict[str, HostRecord] = {}
+        self._handles: dict[str, ray.actor.ActorHandle] = {}
+        self._routes: dict[str, str] = {}
+        self.dead: set[str] = set()
+
+    def update(self, hosts: Iterable[Any]) -> None:
+        """Replace the host list with the ledger's view (``HostView`` objects)."""
+        self._hosts = {h.name: HostRecord(h.name, h.holder, h.draining) for h in hosts}
+        self.dead -= set(self._hosts)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._hosts)
+
+    def candidates(self) -> list[str]:
+        return [name for name, host in self._hosts.items() if not host.draining and name not in self.dead]
+
+    def pick(self, identity: str) -> str:
+        route = self._routes.get(identity)
+        if route is not None and route in self._hosts and route not in self.dead:
+            return route
+        choice = rendezvous_pick(identity, self.candidates())
+        if choice is None:
+            raise FleetUnavailableError(detail="no live rayfleet host is registered")
+        return choice
+
+    def remember(self, identity: str, host: str) -> None:
+        self._routes[identity] = host
+
+    def forget(self, identity: str) -> None:
+        self._routes.pop(identity, None)
+
+    def handle(self, name: str) -> ray.actor.ActorHandle:
+        handle = self._handles.get(name)
+        if handle is None:
+            try:
+                handle = ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                self.mark_dead(name)
+                raise _HostGone(name) from None
+            self._handles[name] = handle
+        return handle
+
+    def mark_dead(self, name: str) -> None:
+        self.dead.add(name)
+        self._handles.pop(name, None)
+        for identity in [i for i, host in self._routes.items() if host == name]:
+            del self._routes[identity]
+
+    def holder_of(self, name: str) -> str | None:
+        host = self._hosts.get(name)
+        return None if host is None else host.holder
+
+
+class _HostGone(Exception):
+    """A host named in the directory no longer exists in Ray."""
+
+
+class CallPlan:
+    """The routing decisions of one request, shared by the sync and async call paths.
+
+    ``target()`` names the next host to try; ``on_reply`` and ``on_failure`` turn a
+    host's answer into a final value, an error, or another hop. Death reports go to
+    ``report_dead`` so the ledger frees the dead host's leases at once.
+    """
+
+    def __init__(self, directory: HostDirectory, identity: str) -> None:
+        self.directory = directory
+        self.identity = identity
+        self.hops = 0
+        self.needs_refresh = False
+        self.dead_hosts: list[tuple[str, str | None]] = []
+
+    def target(self) -> tuple[str, ray.actor.ActorHandle]:
+        while True:
+            self.hops += 1
+            if self.hops > MAX_HOPS:
+                raise FleetUnavailableError(
+                    detail=f"gave up routing {self.identity!r} after {MAX_HOPS} hops "
+                    f"(hosts: {', '.join(self.directory.names) or 'none'})"
+                )
+            name = self.directory.pick(self.identity)
+            try:
+                return name, self.directory.handle(name)
+            except _HostGone:
+                self.dead_hosts.append((name, self.directory.holder_of(name)))
+                continue
+
+    def on_reply(self, host: str, reply: tuple[str, Any]) -> tuple[bool, Any]:
+        """Returns ``(True, value)`` when done, ``(False, None)`` to try again; raises errors."""
+        kind, payload = reply
+        if kind == OK:
+            self.directory.remember(self.identity, host)
+            return True, payload
+        if kind == ERROR:
+            raise payload
+        if kind == REDIRECT:
+            if payload == host:
+                self.needs_refresh = True
+                self.directory.forget(self.identity)
+            else:
+                self.directory.remember(self.identity, payload)
+            return False, None
+        # RETRY: the host is draining or lost the lease mid-way; look again.
+        self.directory.forget(self.identity)
+        self.needs_refresh = True
+        return False, None
+
+    def on_failure(self, host: str, error: BaseException) -> None:
+        """Absorb a dead or unreachable host (try elsewhere); re-raise anything else."""
+        if isinstance(error, ActorDiedError) or (
+            isinstance(error, RayActorError) and not isinstance(error, ActorUnavailableError)
+        ):
+            log.warning("host %s is dead; re-routing %s", host, self.identity)
+            self.dead_hosts.append((host, self.directory.holder_of(host)))
+            self.directory.mark_dead(host)
+            self.needs_refresh = True
+            return
+        if isinstance(error, ActorUnavailableError):
+            self.directory.forget(self.identity)
+            self.needs_refresh = True
+            return
+        if isinstance(error, RayfleetError):
+            raise error
+        raise error
+
+
+class Courier:
+    """Sends requests to whichever host owns an identity, following redirects.
+
+    The same :class:`CallPlan` drives both paths: ``route_sync`` for the driver's
+    blocking API and ``route_async`` for ``ask`` and for agents inside hosts.
+    """
+
+    def __init__(self, directory: HostDirectory, ledger: ray.actor.ActorHandle) -> None:
+        self.directory = directory
+        self.ledger = ledger
+
+    def refresh_sync(self, plan: CallPlan | None = None) -> None:
+        for name, holder in (plan.dead_hosts if plan else []):
+            ray.get(self.ledger.call.remote("remove_host", {"name": name, "holder": holder}))
+        if plan:
+            plan.dead_hosts.clear()
+            plan.needs_refresh = False
+        self.directory.update(ray.get(self.ledger.call.remote("hosts", {})))
+
+    async def refresh_async(self, plan: CallPlan | None = None) -> None:
+        for name, holder in (plan.dead_hosts if plan else []):
+            await self.ledger.call.remote("remove_host", {"name": name, "holder": holder})
+        if plan:
+            plan.dead_hosts.clear()
+            plan.needs_refresh = False
+        self.directory.update(await self.ledger.call.remote("hosts", {}))
+
+    def route_sync(self, identity: str, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call ``host.<method>(identity, *args)`` on the owner and return its value."""
+        plan = CallPlan(self.directory, identity)
+        while True:
+            if plan.needs_refresh:
+                _pause(plan.hops)
+                self.refresh_sync(plan)
+            name, handle = plan.target()
+            try:
+                reply = ray.get(getattr(handle, method).remote(identity, *args), timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise
+            except Exception as error:
+                plan.on_failure(name, error)
+                continue
+            done, value = plan.on_reply(name, reply)
+            if done:
+                return value
+
+    async def route_async(self, identity: str, method: str, *args: Any) -> Any:
+        plan = CallPlan(self.directory, identity)
+        while True:
+            if plan.needs_refresh:
+                await _pause_async(plan.hops)
+                await self.refresh_async(plan)
+            name, handle = plan.target()
+            try:
+                reply = await getattr(handle, method).remote(identity, *args)
+            except Exception as error:
+                plan.on_failure(name, error)
+                continue
+            done, value = plan.on_reply(name, reply)
+            if done:
+                return value
+
+
+def _backoff(hops: int) -> float:
+    return min(0.05 * 2 ** max(hops - 2, 0), 1.0) if hops > 1 else 0.0
+
+
+def _pause(hops: int) -> None:
+    time.sleep(_backoff(hops))
+
+
+async def _pause_async(hops: int) -> None:
+    await asyncio.sleep(_backoff(hops))
