@@ -495,6 +495,8 @@ class Ledger:
             db.execute("DELETE FROM continuity WHERE identity = ?", (identity,))
             db.execute("DELETE FROM leases WHERE identity = ?", (identity,))
             db.execute("DELETE FROM identities WHERE identity = ?", (identity,))
+            # Burn one token so the deleting token itself is stale for a re-created identity.
+            self._raise_high_water(db, identity)
             return pointer
 
     def referenced_snapshot_files(self) -> set[str]:

@@ -86,6 +86,7 @@ class AgentSpec:
     def fingerprint(self) -> str:
         """A digest of every field; two specs with equal fingerprints declare the same agent."""
         body = {
+            "identity": self.identity,
             "agent": self.agent_class_path,
             "addressability": self.addressability.value,
             "labels": sorted(self.labels.items()),

@@ -725,21 +725,12 @@ def test_delete_frees_the_lease(ledger):
     assert grant(ledger, "B").holder == "B"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: delete() keeps the high-water mark but does not raise it, so the deleting "
-        "token stays 'current'. Until someone acquires the re-created identity, a token "
-        "issued before the delete can still write to it (set_lifecycle/reset/check_fence "
-        "accept it), contradicting delete()'s docstring."
-    ),
-)
 def test_token_from_before_delete_cannot_write_to_recreated_identity(ledger):
     register(ledger)
     t = grant(ledger, "A").fencing_token
     ledger.delete(identity="a", fencing_token=t)
     register(ledger, fingerprint="f2")
-    with pytest.raises((StaleFencingTokenError, LeaseLostError, UnknownIdentityError)):
+    with pytest.raises(StaleFencingTokenError):
         ledger.set_lifecycle(identity="a", fencing_token=t, lifecycle=PERSISTED_RETIRED)
 
 

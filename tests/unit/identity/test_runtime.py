@@ -1,0 +1,227 @@
+"""The host runtime against a real in-process ledger and real snapshot files (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import rayfleet as rf
+from rayfleet.identity import HostRuntime, Ledger, LocalLedgerClient, SnapshotStore
+from rayfleet.identity._runtime import OwnedElsewhere, renewal_backoff
+
+
+class Counter(rf.Agent):
+    class State(rf.State):
+        total: int = 0
+        history: list[int] = []
+
+    @rf.handler
+    async def add(self, n: int) -> int:
+        self.state.total += n
+        self.state.history.append(n)
+        return self.state.total
+
+    @rf.handler
+    async def slow_add(self, n: int, pause: float) -> int:
+        before = self.state.total
+        await asyncio.sleep(pause)
+        self.state.total = before + n
+        return self.state.total
+
+    @rf.handler
+    def boom(self) -> None:
+        self.state.total = 999
+        raise ValueError("kaboom")
+
+    @rf.handler
+    async def who(self) -> dict[str, object]:
+        return {"identity": self.identity, "generation": self.generation, "fence": self.fence}
+
+
+def register(ledger: Ledger, identity: str, **options: object) -> rf.AgentSpec:
+    spec = rf.AgentSpec(identity=identity, agent=Counter, **options)  # type: ignore[arg-type]
+    ledger.register(
+        identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+        agent_class=spec.agent_class_path, labels=spec.labels,
+    )
+    return spec
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.sqlite")
+
+
+def runtime(ledger: Ledger, tmp_path: Path, name: str = "host-a", **options: object) -> HostRuntime:
+    return HostRuntime(
+        name=name, ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(tmp_path)),
+        incarnation=name, **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_turns_commit_and_state_survives_a_new_host(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        assert (await host.deliver("c/1", "add", (), {"n": 2})).value == 2
+        result = await host.deliver("c/1", "add", (), {"n": 3})
+        assert result.value == 5 and result.checkpoint_version == 2
+    # The first host shut down (checkpointed, released); a second one resumes the State.
+    async with runtime(ledger, tmp_path, "host-b") as other:
+        assert (await other.deliver("c/1", "add", (), {"n": 1})).value == 6
+        view = ledger.resolve(["c/1"])["c/1"]
+        assert view.continuity is not None and view.continuity.checkpoint_version == 3
+
+
+async def test_one_turn_at_a_time_per_identity_concurrent_across(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    register(ledger, "c/2")
+    async with runtime(ledger, tmp_path) as host:
+        # Read-modify-write across an await: interleaved turns would lose updates.
+        results = await asyncio.gather(*(host.deliver("c/1", "slow_add", (), {"n": 1, "pause": 0.01}) for _ in range(10)))
+        assert sorted(r.value for r in results) == list(range(1, 11))
+        # Different identities overlap: both slow turns finish within one pause of each other.
+        both = await asyncio.gather(
+            host.deliver("c/1", "slow_add", (), {"n": 1, "pause": 0.05}),
+            host.deliver("c/2", "slow_add", (), {"n": 1, "pause": 0.05}),
+        )
+        assert [r.value for r in both] == [11, 1]
+
+
+async def test_concurrent_first_messages_activate_once_in_one_batch(ledger: Ledger, tmp_path: Path) -> None:
+    for index in range(20):
+        register(ledger, f"c/{index}")
+    async with runtime(ledger, tmp_path) as host:
+        await asyncio.gather(*(host.deliver(f"c/{i % 20}", "add", (), {"n": 1}) for i in range(60)))
+        stats = host.statistics()
+        assert stats.activations == 20
+        assert stats.commit_batches < 60  # group commit shared files and ledger calls
+        assert all(ledger.high_water(f"c/{i}") == 1 for i in range(20))
+
+
+async def test_failed_turn_leaves_state_unchanged(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        await host.deliver("c/1", "add", (), {"n": 4})
+        with pytest.raises(rf.HandlerError) as caught:
+            await host.deliver("c/1", "boom", (), {})
+        assert caught.value.remote_type == "builtins.ValueError"
+        assert caught.value.remote_message == "kaboom"
+        assert "boom" in caught.value.remote_traceback
+        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 5
+
+
+async def test_zombie_owner_cannot_commit_after_takeover(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path, "host-a") as zombie, runtime(ledger, tmp_path, "host-b") as heir:
+        await zombie.deliver("c/1", "add", (), {"n": 1})
+        with pytest.raises(OwnedElsewhere):
+            await heir.deliver("c/1", "add", (), {"n": 1})
+        ledger.revoke_holder(zombie.holder)  # e.g. Ray reported host-a dead while it still runs
+        assert (await heir.deliver("c/1", "add", (), {"n": 10})).value == 11
+        with pytest.raises(rf.LeaseLostError):
+            await zombie.deliver("c/1", "add", (), {"n": 100})
+        assert "c/1" not in zombie.active_identities()
+        # The zombie's next attempt is redirected to the new owner.
+        with pytest.raises(OwnedElsewhere) as redirect:
+            await zombie.deliver("c/1", "add", (), {"n": 100})
+        assert redirect.value.holder == heir.holder
+        assert (await heir.deliver("c/1", "add", (), {"n": 0})).value == 11
+
+
+async def test_lost_lease_at_renewal_drops_the_agent(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        ledger.revoke_holder(host.holder)
+        assert await host.renew_once() == 0
+        assert host.active_identities() == []
+        assert host.statistics().leases_lost == 1
+
+
+async def test_lifecycle_retire_respawn_reset_delete(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        await host.deliver("c/1", "add", (), {"n": 7})
+        retire_token = await host.retire("c/1")
+        with pytest.raises(rf.InvalidStateError, match="RETIRING"):
+            await host.deliver("c/1", "add", (), {"n": 1})
+        record = await host.respawn("c/1")
+        assert record.generation == 0
+        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 8
+        assert ledger.high_water("c/1") > retire_token
+        fresh = await host.reset("c/1")
+        assert fresh.generation == 1 and fresh.runtime_id == "rt:c/1:1" and fresh.session_id != record.session_id
+        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 1
+        who = (await host.deliver("c/1", "who", (), {})).value
+        assert who["generation"] == 1 and who["fence"] == ledger.high_water("c/1")
+        await host.delete("c/1")
+        with pytest.raises(rf.UnknownIdentityError):
+            await host.deliver("c/1", "add", (), {"n": 1})
+
+
+async def test_corrupt_snapshot_breaks_only_that_identity(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    register(ledger, "c/2")
+    async with runtime(ledger, tmp_path) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+    pointer = ledger.resolve(["c/1"])["c/1"].snapshot
+    assert pointer is not None
+    (tmp_path / pointer.file).write_bytes(b"not arrow at all")
+    async with runtime(ledger, tmp_path, "host-b") as host:
+        with pytest.raises(rf.SnapshotError, match=pointer.file):
+            await host.deliver("c/1", "add", (), {"n": 1})
+        view = ledger.resolve(["c/1"])["c/1"]
+        assert view.lifecycle == "broken" and pointer.file in view.reason
+        with pytest.raises(rf.InvalidStateError, match="BROKEN"):
+            await host.deliver("c/1", "add", (), {"n": 1})
+        assert (await host.deliver("c/2", "add", (), {"n": 2})).value == 2
+        await host.reset("c/1")
+        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 1
+
+
+async def test_events_reach_subscribers(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        subscription = host.subscribe("c/1")
+        await host.deliver("c/1", "add", (), {"n": 1})
+        await host.delete("c/1")
+        kinds = [event.kind for event in subscription.drain()]
+        assert kinds == [rf.EventKind.STATE_CHANGED, rf.EventKind.CHECKPOINT_COMPLETED, rf.EventKind.DELETED]
+        assert subscription.closed
+
+
+async def test_periodic_durability_commits_in_the_background(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1", durability=rf.Durability.PERIODIC, checkpoint_interval=0.05)
+    async with runtime(ledger, tmp_path) as host:
+        result = await host.deliver("c/1", "add", (), {"n": 3})
+        assert result.checkpoint_version == 0  # replied before any commit
+        for _ in range(100):
+            view = ledger.resolve(["c/1"])["c/1"]
+            if view.continuity is not None and view.continuity.checkpoint_version >= 1:
+                break
+            await asyncio.sleep(0.02)
+        assert view.continuity is not None and view.continuity.checkpoint_version == 1
+
+
+async def test_idle_agents_are_checkpointed_and_released(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1", durability=rf.Durability.ON_DEACTIVATE)
+    async with runtime(ledger, tmp_path, idle_timeout=0.1) as host:
+        await host.deliver("c/1", "add", (), {"n": 3})
+        for _ in range(100):
+            if not host.active_identities():
+                break
+            await asyncio.sleep(0.02)
+        assert host.active_identities() == []
+        view = ledger.resolve(["c/1"])["c/1"]
+        assert view.lease is None and view.continuity is not None and view.continuity.checkpoint_version == 1
+
+
+def test_renewal_backoff_grows_and_caps() -> None:
+    assert renewal_backoff(0) == 1.0
+    assert renewal_backoff(1) == 2.0
+    assert renewal_backoff(6) == 60.0
+    assert renewal_backoff(99) == 60.0
+    assert renewal_backoff(2, cap=3.0) == 3.0
