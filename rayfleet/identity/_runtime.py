@@ -395,20 +395,23 @@ class HostRuntime:
         return await future
 
     async def _flush_acquires(self) -> None:
-        await asyncio.sleep(0)
-        queue, self._acquire_queue = self._acquire_queue, {}
-        try:
-            results = await self._ledger.acquire(holder=self.holder, identities=list(queue), ttl=self.lease_ttl)
-        except Exception as error:
-            for futures in queue.values():
+        # Loops until the queue is empty: activations that arrive while a batch is in
+        # flight go out in the next batch instead of waiting for a flush nobody schedules.
+        while self._acquire_queue:
+            await asyncio.sleep(0)
+            queue, self._acquire_queue = self._acquire_queue, {}
+            try:
+                results = await self._ledger.acquire(holder=self.holder, identities=list(queue), ttl=self.lease_ttl)
+            except Exception as error:
+                for futures in queue.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(error)
+                continue
+            for identity, futures in queue.items():
                 for future in futures:
                     if not future.done():
-                        future.set_exception(error)
-            return
-        for identity, futures in queue.items():
-            for future in futures:
-                if not future.done():
-                    future.set_result(results[identity])
+                        future.set_result(results[identity])
 
     async def _materialize(self, activation: Activation) -> _Entry:
         """Build the agent from an acquired lease; on any failure the lease is released."""

@@ -225,3 +225,24 @@ def test_renewal_backoff_grows_and_caps() -> None:
     assert renewal_backoff(6) == 60.0
     assert renewal_backoff(99) == 60.0
     assert renewal_backoff(2, cap=3.0) == 3.0
+
+
+class SlowLedgerClient(LocalLedgerClient):
+    """A real ledger reached with a network-like delay, so batches overlap."""
+
+    async def acquire(self, **kwargs: object) -> dict:  # type: ignore[override]
+        await asyncio.sleep(0.01)
+        return await super().acquire(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_activations_arriving_during_a_batch_go_out_in_the_next(ledger: Ledger, tmp_path: Path) -> None:
+    for index in range(30):
+        register(ledger, f"c/{index}")
+    host = HostRuntime(name="h", ledger=SlowLedgerClient(ledger), snapshots=SnapshotStore(str(tmp_path)))
+    async with host:
+        async def staggered(index: int) -> int:
+            await asyncio.sleep(index * 0.002)
+            return (await host.deliver(f"c/{index}", "add", (), {"n": index})).value
+
+        values = await asyncio.wait_for(asyncio.gather(*(staggered(i) for i in range(30))), timeout=20)
+        assert values == list(range(30))

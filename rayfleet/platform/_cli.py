@@ -1,0 +1,81 @@
+"""The ``rayfleet`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import RayfleetError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayfleet", description="Durable, identity-first agents on Ray.")
+    parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--storage", default=None, help="storage folder or URI (default: RAYFLEET_STORAGE or ./.rayfleet)")
+    parser.add_argument("--namespace", default="rayfleet", help="Ray namespace of the fleet (default: rayfleet)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="run the end-to-end demo on a local, embedded fleet")
+    status = commands.add_parser("status", help="show one identity, or all of them")
+    status.add_argument("identity", nargs="?")
+    send = commands.add_parser("send", help="call a handler and print its reply as JSON")
+    send.add_argument("identity")
+    send.add_argument("method")
+    send.add_argument("--json", default="{}", dest="arguments", help="handler keyword arguments as a JSON object")
+    send.add_argument("--timeout", type=float, default=None)
+    commands.add_parser("hosts", help="list host actors")
+    gc = commands.add_parser("gc", help="delete snapshot files no identity references")
+    gc.add_argument("--min-age", type=float, default=60.0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    try:
+        return _run(arguments)
+    except RayfleetError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(arguments: argparse.Namespace) -> int:
+    if arguments.command == "demo":
+        from ._demo import run_demo
+
+        return run_demo(storage=arguments.storage, address=arguments.address)
+    from ._fleet import connect
+
+    fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace)
+    try:
+        if arguments.command == "status":
+            statuses = [fleet.status(arguments.identity)] if arguments.identity else fleet.list()
+            _print([asdict(status) for status in statuses])
+        elif arguments.command == "send":
+            try:
+                kwargs = json.loads(arguments.arguments)
+            except json.JSONDecodeError as error:
+                print(f"error: --json is not valid JSON ({error}); pass an object such as '{{\"n\": 2}}'",
+                      file=sys.stderr)
+                return 2
+            if not isinstance(kwargs, dict):
+                print("error: --json must be a JSON object of keyword arguments, e.g. '{\"n\": 2}'", file=sys.stderr)
+                return 2
+            _print(fleet.agent(arguments.identity).call(arguments.method, timeout=arguments.timeout, **kwargs))
+        elif arguments.command == "hosts":
+            _print([asdict(host) for host in fleet.hosts()])
+        elif arguments.command == "gc":
+            _print(fleet.collect_garbage(min_age=arguments.min_age))
+        return 0
+    finally:
+        fleet.shutdown()
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The README quickstart, end to end: a Counter survives the death of its host."""
+
+import pytest
+import ray
+
+import rayfleet as rf
+
+
+class Counter(rf.Agent):
+    class State(rf.State):
+        value: int = 0
+
+    @rf.handler
+    def add(self, n: int) -> int:
+        self.state.value += n
+        return self.state.value
+
+    @rf.handler
+    def get(self) -> int:
+        return self.state.value
+
+
+@pytest.mark.timeout(120)
+def test_counter_survives_killing_its_host(fleet: rf.Fleet) -> None:
+    alice = fleet.spawn("counter/alice", Counter)
+    assert fleet.status("counter/alice").state is rf.LifecycleState.UNINITIALIZED
+
+    assert alice.call("add", n=2) == 2
+
+    before = fleet.status("counter/alice")
+    assert before.state is rf.LifecycleState.ACTIVE
+    assert before.generation == 0
+    assert before.checkpoint_version == 1  # EVERY_TURN: committed before the reply
+    assert before.lease is not None and before.host is not None
+    assert before.host in {host.name for host in fleet.hosts()}
+
+    ray.kill(ray.get_actor(before.host, namespace=fleet.config.namespace))
+
+    # The next call re-routes to the surviving host, which loads the last snapshot.
+    assert alice.call("add", n=3) == 5
+
+    after = fleet.status("counter/alice")
+    assert after.state is rf.LifecycleState.ACTIVE
+    assert after.generation == 0
+    assert after.checkpoint_version == 2
+    assert after.lease is not None
+    assert after.lease.fencing_token > before.lease.fencing_token
+    assert after.host is not None and after.host != before.host
+    assert after.runtime_id == before.runtime_id == "rt:counter/alice:0"
+    assert after.session_id == before.session_id
+    # The dead host is gone from the fleet's host list.
+    assert [host.name for host in fleet.hosts()] == [after.host]
