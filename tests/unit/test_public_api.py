@@ -1,0 +1,83 @@
+"""The public surface: pinned names, one error tree, pickle-safe errors, no Ray in the core."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import rayfleet as rf
+
+EXPECTED_NAMES = {
+    "Addressability", "Agent", "AgentRef", "AgentSpec", "BudgetExceededError", "ContinuityRecord",
+    "DeadlineExceededError", "Durability", "EventKind", "Fleet", "FleetConfig", "FleetUnavailableError",
+    "HandlerError", "IdentityEvent", "IdentityStatus", "InvalidArgumentsError", "InvalidSpecError",
+    "InvalidStateError", "LeaseInfo", "LeaseLostError", "LifecycleState", "NotAddressableError",
+    "NotInAgentContextError", "NotWiredError", "RayfleetError", "Reply", "RunCancelledError", "SnapshotError",
+    "StaleCheckpointVersionError", "StaleFencingTokenError", "State", "StepFailedError", "TopologyPolicy",
+    "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
+}
+
+
+def test_exports_are_pinned() -> None:
+    assert set(rf.__all__) == EXPECTED_NAMES
+    for name in rf.__all__:
+        assert getattr(rf, name) is not None
+
+
+def test_every_error_is_a_rayfleet_error() -> None:
+    errors = [getattr(rf, name) for name in rf.__all__ if name.endswith("Error")]
+    assert all(issubclass(error, rf.RayfleetError) for error in errors)
+    assert issubclass(rf.InvalidSpecError, ValueError)
+    assert issubclass(rf.DeadlineExceededError, TimeoutError)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        rf.StaleFencingTokenError(identity="a", presented=3, current=5),
+        rf.StaleCheckpointVersionError(identity="a", presented=1, current=2),
+        rf.UnknownIdentityError(identity="a"),
+        rf.InvalidStateError(identity="a", state="BROKEN", operation="call"),
+        rf.LeaseLostError(identity="a", detail="x"),
+        rf.HandlerError(identity="a", method="m", remote_type="builtins.ValueError", remote_message="no",
+                        remote_traceback="tb"),
+        rf.InvalidArgumentsError(identity="a", method="m", detail="n: missing"),
+        rf.UnknownHandlerError(identity="a", method="m", available=("add",)),
+        rf.SnapshotError(identity="a", location="f#0", detail="missing"),
+        rf.InvalidSpecError("bad", subject="identity"),
+        rf.DeadlineExceededError(identity="a", method="m", timeout=1.0),
+        rf.BudgetExceededError(budget="tokens", ceiling=10, spent=12),
+        rf.NotWiredError(sender="a", target="b"),
+    ],
+)
+def test_errors_round_trip_through_pickle(error: rf.RayfleetError) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert copy._attributes == error._attributes
+
+
+def test_stale_token_message_says_what_and_what_to_do() -> None:
+    error = rf.StaleFencingTokenError(identity="planner", presented=7, current=9)
+    assert "7" in str(error) and "9" in str(error) and "planner" in str(error)
+    assert error.presented == 7 and error.current == 9
+
+
+def test_identity_and_topology_never_import_ray() -> None:
+    # rayfleet/__init__ imports platform (Ray); load the two subpackages on their own.
+    result = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, importlib\n"
+         "sys.modules['ray'] = None\n"
+         "import importlib.util, pathlib, types\n"
+         "root = pathlib.Path(importlib.util.find_spec('rayfleet').origin).parent\n"
+         "package = types.ModuleType('rayfleet'); package.__path__ = [str(root)]; sys.modules['rayfleet'] = package\n"
+         "importlib.import_module('rayfleet.identity'); importlib.import_module('rayfleet.topology')\n"
+         "print('ok')\n"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
