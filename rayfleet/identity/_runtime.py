@@ -47,6 +47,7 @@ from ..errors import (
     InvalidSpecError,
     InvalidStateError,
     LeaseLostError,
+    NotAddressableError,
     RayfleetError,
     SnapshotError,
     StaleCheckpointVersionError,
@@ -63,6 +64,7 @@ from ._snapshots import SnapshotStore
 from ._spec import AgentSpec
 from ._types import (
     PERSISTED_BROKEN,
+    Addressability,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
     ContinuityRecord,
@@ -268,14 +270,27 @@ class HostRuntime:
     def active_identities(self) -> list[str]:
         return sorted(self._entries)
 
+    def is_active(self, identity: str) -> bool:
+        return identity in self._entries
+
     # -- turns ----------------------------------------------------------------------
 
     async def deliver(
-        self, identity: str, method: str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        identity: str,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        sender: str | None = None,
     ) -> TurnResult:
         """Run one turn of ``identity``'s handler ``method``, activating it if needed.
 
+        ``sender`` is the identity of the agent sending, or ``None`` for a caller
+        outside the fleet; ``INTERNAL_ONLY`` agents refuse the latter.
+
         Raises:
+            NotAddressableError: an outside caller tried an ``INTERNAL_ONLY`` agent.
             OwnedElsewhere: another live host holds the lease (internal; the caller re-routes).
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
@@ -283,6 +298,8 @@ class HostRuntime:
         entry = self._entries.get(identity)
         if entry is None:
             entry = await self._activate(identity)
+        if sender is None and entry.spec.addressability is Addressability.INTERNAL_ONLY:
+            raise NotAddressableError(identity=identity)
         info = entry.agent.__rayfleet_handlers__.get(method)
         if info is None:
             raise UnknownHandlerError(identity=identity, method=method, available=type(entry.agent).handler_names())
@@ -290,7 +307,7 @@ class HostRuntime:
         async with entry.turn_lock:
             if entry.dropped:
                 # Deactivated or fenced while this turn waited: activate again and retry once.
-                return await self.deliver(identity, method, args, kwargs)
+                return await self.deliver(identity, method, args, kwargs, sender=sender)
             await self._ensure_healthy_lease(entry)
             before = entry.agent.state.model_copy(deep=True)
             self._counters["turns"] += 1

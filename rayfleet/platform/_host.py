@@ -38,10 +38,10 @@ class _HostRouter:
                 subject="target",
             )
         runtime = self._host.runtime
-        if target in runtime.active_identities():
-            result = await runtime.deliver(target, method, (), kwargs)
+        if runtime.is_active(target):
+            result = await runtime.deliver(target, method, (), kwargs, sender=sender)
             return result.value
-        return await self._host.courier.route_async(target, "deliver", method, (), dict(kwargs))
+        return await self._host.courier.route_async(target, "deliver", method, (), dict(kwargs), sender)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -107,9 +107,11 @@ class AgentHost:
                 f"please report it with the host log"
             )
 
-    async def deliver(self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+    async def deliver(
+        self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], sender: str | None = None
+    ) -> tuple[str, Any]:
         async def turn() -> Any:
-            return (await self.runtime.deliver(identity, method, args, kwargs)).value
+            return (await self.runtime.deliver(identity, method, args, kwargs, sender=sender)).value
 
         return await self._serve(turn())
 

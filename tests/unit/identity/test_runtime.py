@@ -246,3 +246,11 @@ async def test_activations_arriving_during_a_batch_go_out_in_the_next(ledger: Le
 
         values = await asyncio.wait_for(asyncio.gather(*(staggered(i) for i in range(30))), timeout=20)
         assert values == list(range(30))
+
+
+async def test_internal_only_agents_refuse_outside_callers(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/inner", addressability=rf.Addressability.INTERNAL_ONLY)
+    async with runtime(ledger, tmp_path) as host:
+        with pytest.raises(rf.NotAddressableError, match="INTERNAL_ONLY"):
+            await host.deliver("c/inner", "add", (), {"n": 1})
+        assert (await host.deliver("c/inner", "add", (), {"n": 1}, sender="c/peer")).value == 1
