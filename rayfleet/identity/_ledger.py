@@ -89,6 +89,36 @@ CREATE TABLE IF NOT EXISTS continuity (
     snapshot_file TEXT,
     snapshot_row INTEGER
 );
+CREATE TABLE IF NOT EXISTS paused (
+    identity TEXT PRIMARY KEY,
+    since REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parked (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    identity TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    envelope BLOB NOT NULL,
+    parked_at REAL NOT NULL,
+    UNIQUE(identity, message_id)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    identity TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    envelope BLOB NOT NULL,
+    reason TEXT NOT NULL,
+    error TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dead_letters_by_identity ON dead_letters(identity);
+CREATE TABLE IF NOT EXISTS dedup (
+    identity TEXT NOT NULL,
+    key TEXT NOT NULL,
+    reply BLOB NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (identity, key)
+);
 CREATE TABLE IF NOT EXISTS hosts (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -142,12 +172,33 @@ class Activation:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointCommit:
-    """One pointer to commit: identity, the writer's token, the new version and row."""
+    """One pointer to commit: identity, the writer's token, the new version and row.
+
+    ``dedup`` carries the idempotency keys (and pickled replies) of the turns this
+    checkpoint covers, committed in the same transaction as the pointer, so a key is
+    remembered exactly when the effect it guards is durable.
+    """
 
     identity: str
     fencing_token: int
     version: int
     pointer: SnapshotPointer
+    dedup: tuple[tuple[str, bytes], ...] = ()
+    dedup_capacity: int = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredMessage:
+    """A parked message or a dead letter as the ledger keeps it (payload still pickled)."""
+
+    id: int
+    identity: str
+    message_id: str
+    envelope: bytes
+    at: float
+    reason: str = ""
+    error: str = ""
+    attempts: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -447,10 +498,154 @@ class Ledger:
                         "WHERE identity = ?",
                         (commit.version, commit.fencing_token, commit.pointer.file, commit.pointer.row, commit.identity),
                     )
+                    if commit.dedup:
+                        self._remember_keys(db, commit.identity, commit.dedup, commit.dedup_capacity)
                     outcomes.append(None)
                 except RayfleetError as error:
                     outcomes.append(error)
         return outcomes
+
+    def _remember_keys(
+        self, db: sqlite3.Connection, identity: str, entries: tuple[tuple[str, bytes], ...], capacity: int
+    ) -> None:
+        row = db.execute("SELECT MAX(seq) FROM dedup WHERE identity = ?", (identity,)).fetchone()
+        seq = row[0] or 0
+        for key, reply in entries:
+            seq += 1
+            # First writer wins: a key already remembered keeps its original reply (FIFO, no refresh).
+            db.execute("INSERT OR IGNORE INTO dedup VALUES (?, ?, ?, ?)", (identity, key, reply, seq))
+        db.execute("DELETE FROM dedup WHERE identity = ? AND seq <= ?", (identity, seq - max(capacity, 1)))
+
+    def dedup_window(self, identity: str) -> list[tuple[str, bytes]]:
+        """The remembered idempotency keys of an identity, oldest first, with their replies."""
+        with self._lock:
+            return [
+                (row[0], row[1])
+                for row in self._db.execute("SELECT key, reply FROM dedup WHERE identity = ? ORDER BY seq", (identity,))
+            ]
+
+    # -- pause, parking and dead letters -------------------------------------------
+
+    def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
+        """Persist the pause flag of an identity (fenced); it survives host failover."""
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            if paused:
+                db.execute("INSERT OR IGNORE INTO paused VALUES (?, ?)", (identity, self._clock()))
+            else:
+                db.execute("DELETE FROM paused WHERE identity = ?", (identity,))
+
+    def is_paused(self, identity: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM paused WHERE identity = ?", (identity,)).fetchone() is not None
+
+    def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> int:
+        """Hold a message durably, in arrival order; parking the same message twice is a no-op."""
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            db.execute(
+                "INSERT OR IGNORE INTO parked (identity, message_id, envelope, parked_at) VALUES (?, ?, ?, ?)",
+                (identity, message_id, envelope, self._clock()),
+            )
+            row = db.execute(
+                "SELECT seq FROM parked WHERE identity = ? AND message_id = ?", (identity, message_id)
+            ).fetchone()
+            return int(row[0])
+
+    def parked(self, identity: str, *, limit: int = 1000) -> list[StoredMessage]:
+        """Parked messages of an identity, oldest first."""
+        with self._lock:
+            return [
+                StoredMessage(id=row[0], identity=identity, message_id=row[1], envelope=row[2], at=row[3])
+                for row in self._db.execute(
+                    "SELECT seq, message_id, envelope, parked_at FROM parked WHERE identity = ? ORDER BY seq LIMIT ?",
+                    (identity, limit),
+                )
+            ]
+
+    def unpark(self, *, identity: str, fencing_token: int, seq: int) -> None:
+        """Forget a parked message once its replay has been handled (fenced)."""
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            db.execute("DELETE FROM parked WHERE identity = ? AND seq = ?", (identity, seq))
+
+    def cancel_parked(self, *, identity: str, fencing_token: int) -> int:
+        """Move every parked message of an identity to the dead letters (reason ``cancelled``)."""
+        now = self._clock()
+        with self._transaction() as db:
+            self._check_fence(db, identity, fencing_token)
+            rows = db.execute(
+                "SELECT seq, message_id, envelope FROM parked WHERE identity = ? ORDER BY seq", (identity,)
+            ).fetchall()
+            for _, message_id, envelope in rows:
+                db.execute(
+                    "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "
+                    "VALUES (?, ?, ?, 'cancelled', 'parked work cancelled by fleet.cancel_parked', 0, ?)",
+                    (identity, message_id, envelope, now),
+                )
+            db.execute("DELETE FROM parked WHERE identity = ?", (identity,))
+            return len(rows)
+
+    def add_dead_letter(
+        self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
+    ) -> int:
+        """Record a message that could not be handled, with why; returns its letter id.
+
+        Not fenced: a dead letter is a report, not a change to the identity's state, and
+        losing it because the reporter was fenced out would lose the message itself.
+        """
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (identity, message_id, envelope, reason, error, attempts, self._clock()),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> list[StoredMessage]:
+        query = "SELECT id, identity, message_id, envelope, reason, error, attempts, at FROM dead_letters"
+        parameters: tuple[object, ...] = ()
+        if identity is not None:
+            query += " WHERE identity = ?"
+            parameters = (identity,)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*parameters, limit)).fetchall()
+        return [
+            StoredMessage(id=r[0], identity=r[1], message_id=r[2], envelope=r[3], reason=r[4], error=r[5],
+                          attempts=r[6], at=r[7])
+            for r in rows
+        ]
+
+    def take_dead_letter(self, letter_id: int) -> StoredMessage | None:
+        """Remove one dead letter and return it (for replay); ``None`` if there is none."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT id, identity, message_id, envelope, reason, error, attempts, at FROM dead_letters WHERE id = ?",
+                (letter_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM dead_letters WHERE id = ?", (letter_id,))
+            return StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=row[3], reason=row[4],
+                                 error=row[5], attempts=row[6], at=row[7])
+
+    def purge_dead_letters(
+        self, *, identity: str | None = None, ids: list[int] | None = None, before: float | None = None
+    ) -> int:
+        """Delete dead letters matching every given filter (all of them when none is given)."""
+        clauses, parameters = [], []
+        if identity is not None:
+            clauses.append("identity = ?")
+            parameters.append(identity)
+        if ids is not None:
+            clauses.append(f"id IN ({', '.join('?' * len(ids))})" if ids else "0")
+            parameters.extend(ids)
+        if before is not None:
+            clauses.append("at < ?")
+            parameters.append(before)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._transaction() as db:
+            return db.execute(f"DELETE FROM dead_letters{where}", parameters).rowcount
 
     def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
         """Persist retired / broken / live for an identity, fenced."""
@@ -481,6 +676,8 @@ class Ledger:
                 (identity, fresh.runtime_id, fresh.session_id, generation, fencing_token),
             )
             db.execute("UPDATE identities SET lifecycle = ?, reason = '' WHERE identity = ?", (PERSISTED_LIVE, identity))
+            # A new generation starts with a fresh State, so it must not replay replies of the old one.
+            db.execute("DELETE FROM dedup WHERE identity = ?", (identity,))
             return fresh
 
     def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
@@ -495,6 +692,16 @@ class Ledger:
             db.execute("DELETE FROM continuity WHERE identity = ?", (identity,))
             db.execute("DELETE FROM leases WHERE identity = ?", (identity,))
             db.execute("DELETE FROM identities WHERE identity = ?", (identity,))
+            db.execute("DELETE FROM dedup WHERE identity = ?", (identity,))
+            db.execute("DELETE FROM paused WHERE identity = ?", (identity,))
+            # Parked work of a deleted identity can never run: keep it as dead letters.
+            db.execute(
+                "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "
+                "SELECT identity, message_id, envelope, 'deleted', 'identity deleted while the message was parked', "
+                "0, ? FROM parked WHERE identity = ?",
+                (self._clock(), identity),
+            )
+            db.execute("DELETE FROM parked WHERE identity = ?", (identity,))
             # Burn one token so the deleting token itself is stale for a re-created identity.
             self._raise_high_water(db, identity)
             return pointer

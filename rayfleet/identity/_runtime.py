@@ -326,8 +326,10 @@ class HostRuntime:
                     remote_traceback=traceback.format_exc(),
                 ) from None
             value, usage = (outcome.value, outcome.usage) if isinstance(outcome, Reply) else (outcome, Usage())
-            entry.dirty = True
-            if entry.spec.durability is Durability.EVERY_TURN:
+            # A turn that changed nothing (a read) needs no checkpoint.
+            if entry.agent.state != before:
+                entry.dirty = True
+            if entry.dirty and entry.spec.durability is Durability.EVERY_TURN:
                 await self._commit(entry)
             return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
 
@@ -441,7 +443,8 @@ class HostRuntime:
             if view.lifecycle == PERSISTED_BROKEN:
                 raise InvalidStateError(
                     identity=identity, state=LifecycleState.BROKEN.value, operation="call",
-                    hint=f"Reason: {view.reason}. Repair storage and fleet.respawn(), or fleet.reset() to start fresh.",
+                    hint=f"Reason: {view.reason.rstrip('.')}. Repair storage and fleet.respawn(), "
+                    f"or fleet.reset() to start fresh.",
                 )
             assert view.continuity is not None  # acquire creates the record when it is missing
             spec = self._spec(view)
@@ -504,6 +507,11 @@ class HostRuntime:
         """Checkpoint unsaved State, run ``on_deactivate`` and release the lease."""
         entry = self._entries.get(identity)
         if entry is None:
+            view = (await self._ledger.resolve([identity])).get(identity)
+            if view is None:
+                raise UnknownIdentityError(identity=identity)
+            if view.lease is not None and view.lease.holder != self.holder:
+                raise OwnedElsewhere(identity, view.lease.holder)
             return False
         async with entry.turn_lock:
             if entry.dropped:
@@ -652,6 +660,7 @@ class HostRuntime:
                 await self._drop(entry, reason="lease lost at renewal")
                 continue
             entry.grant, entry.installed_at = grant, sent_at
+            self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=grant.fencing_token)
             count += 1
         self._counters["lease_renewals"] += count
         return count

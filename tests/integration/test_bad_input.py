@@ -1,5 +1,6 @@
 """Bad input gets a clear, typed error that names the problem, and breaks nothing else."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,11 @@ class Account(rf.Agent):
         self.state.total += n
         self.state.notes.append("half-done")
         raise ValueError(f"refusing to add {n}")
+
+    @rf.handler
+    async def slow(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "done"
 
     @rf.handler
     def corrupt_total(self) -> None:
@@ -164,8 +170,8 @@ def test_unknown_handler_lists_the_available_ones(fleet: rf.Fleet) -> None:
         ref.call("withdraw", n=1)
     assert isinstance(error.value, AttributeError)
     assert error.value.method == "withdraw"
-    assert set(error.value.available) == {"add", "note", "get", "explode_after_add", "corrupt_total"}
-    assert "'withdraw'" in str(error.value) and "add, corrupt_total, explode_after_add, get, note" in str(error.value)
+    assert set(error.value.available) == {"add", "note", "get", "explode_after_add", "corrupt_total", "slow"}
+    assert "'withdraw'" in str(error.value) and "add, corrupt_total, explode_after_add, get, note, slow" in str(error.value)
     assert ref.call("get") == {"total": 0, "notes": []}
 
 
@@ -233,6 +239,18 @@ def test_invalid_state_assignment_is_a_handler_error_and_state_is_unchanged(flee
     assert ref.call("get") == {"total": 0, "notes": ["kept"]}
 
 
+def test_call_past_its_timeout_raises_deadline_exceeded(fleet: rf.Fleet) -> None:
+    ref = fleet.spawn("bad/slow", Account)
+    with pytest.raises(rf.DeadlineExceededError) as error:
+        ref.call("slow", seconds=1.0, timeout=0.2)
+    assert isinstance(error.value, TimeoutError)
+    assert error.value.method == "slow" and "bad/slow" in str(error.value)
+    with pytest.raises(rf.DeadlineExceededError):
+        asyncio.run(ref.ask("slow", seconds=1.0, timeout=0.2))
+    # The agent is still there and serves the next call once its earlier turns finish.
+    assert ref.call("slow", seconds=0.0, timeout=60) == "done"
+
+
 def test_unknown_identity(fleet: rf.Fleet) -> None:
     ghost = fleet.agent("nobody/here")
     with pytest.raises(rf.UnknownIdentityError) as error:
@@ -251,6 +269,10 @@ def _break_snapshots(fleet: rf.Fleet, storage: Path, identity: str, how: str) ->
     owner = fleet.status(identity).host
     assert owner is not None
     ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace))
+    return _damage_files(storage, how)
+
+
+def _damage_files(storage: Path, how: str) -> list[Path]:
     files = sorted((storage / "snapshots").glob("**/*.arrow"))
     assert files
     for path in files:
@@ -274,8 +296,11 @@ def test_damaged_snapshot_marks_identity_broken_until_reset(
     identity = "fragile/one"
     ref = fleet.spawn(identity, Account)
     assert ref.call("add", n=4) == 4
+    (original,) = sorted((storage / "snapshots").glob("**/*.arrow"))  # one commit, one file
+    good_bytes = original.read_bytes()
     files = _break_snapshots(fleet, storage, identity, how)
-    (damaged,) = files  # one commit, one file
+    (damaged,) = files
+    assert damaged == original
     relative = damaged.relative_to(storage).as_posix()
 
     with pytest.raises(rf.SnapshotError) as error:
@@ -302,10 +327,25 @@ def test_damaged_snapshot_marks_identity_broken_until_reset(
     assert bystander.call("add", n=1) == 10
     assert bystanders.status("other/fine").state is rf.LifecycleState.ACTIVE
 
-    # reset recovers it with a fresh State in a new generation.
+    # Restoring the file and respawning brings it back with its State...
+    damaged.write_bytes(good_bytes)
+    restored = fleet.respawn(identity)
+    assert restored.state is rf.LifecycleState.ACTIVE and restored.broken_reason == ""
+    assert restored.generation == 0 and restored.checkpoint_version == 1
+    assert ref.call("get") == {"total": 4, "notes": []}
+
+    # ...and reset starts over with a fresh State in a new generation. (Break it again
+    # through a new checkpoint file: the surviving host has the restored one cached.)
+    assert ref.call("add", n=1) == 5
+    assert fleet.deactivate(identity) is True
+    _damage_files(storage, how)
+    with pytest.raises(rf.SnapshotError):
+        ref.call("get")
+    assert fleet.status(identity).state is rf.LifecycleState.BROKEN
     recovered = fleet.reset(identity)
     assert recovered.state is rf.LifecycleState.ACTIVE
     assert recovered.generation == 1 and recovered.checkpoint_version is None
     assert recovered.broken_reason == ""
     assert ref.call("get") == {"total": 0, "notes": []}
     assert ref.call("add", n=2) == 2
+    assert fleet.status(identity).checkpoint_version == 1  # the add is generation 1's first commit

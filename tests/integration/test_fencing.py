@@ -61,6 +61,11 @@ def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_fleet)
     assert error.identity == identity
     assert "stale" in str(error)
 
+    # A counted the refusal and dropped the agent.
+    stats = {stat.host: stat for stat in fleet.host_statistics()}
+    assert stats[name_a].stale_refusals == 1 and stats[name_a].leases_lost == 1
+    assert stats[name_a].active_agents == 0 and stats[name_b].stale_refusals == 0
+
     # The committed record is B's write, not A's.
     committed = fleet.status(identity)
     assert committed.checkpoint_version == 2

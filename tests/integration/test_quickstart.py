@@ -1,23 +1,22 @@
 """The README quickstart, end to end: a Counter survives the death of its host."""
 
+import asyncio
+import time
+
 import pytest
 import ray
 
 import rayfleet as rf
 
 
-class Counter(rf.Agent):
+class Counter(rf.Agent):  # exactly the README's agent
     class State(rf.State):
-        value: int = 0
+        total: int = 0
 
     @rf.handler
-    def add(self, n: int) -> int:
-        self.state.value += n
-        return self.state.value
-
-    @rf.handler
-    def get(self) -> int:
-        return self.state.value
+    async def add(self, n: int) -> int:
+        self.state.total += n
+        return self.state.total
 
 
 @pytest.mark.timeout(120)
@@ -50,3 +49,14 @@ def test_counter_survives_killing_its_host(fleet: rf.Fleet) -> None:
     assert after.session_id == before.session_id
     # The dead host is gone from the fleet's host list.
     assert [host.name for host in fleet.hosts()] == [after.host]
+
+
+def test_ask_and_tell(fleet: rf.Fleet) -> None:
+    ref = fleet.spawn("counter/bob", Counter)
+    assert asyncio.run(ref.ask("add", n=2)) == 2
+    ref.tell("add", n=5)  # returns at once; the turn runs on the owner
+    deadline = time.monotonic() + 20
+    while (checkpoint := fleet.status("counter/bob").checkpoint_version) != 2:
+        assert time.monotonic() < deadline, f"the told turn was not committed (version {checkpoint})"
+        time.sleep(0.05)
+    assert ref.call("add", n=0) == 7

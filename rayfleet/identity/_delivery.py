@@ -1,0 +1,210 @@
+"""Delivery values and bounded maps: envelopes, retry policy, dedup window, fence map.
+
+The pipeline that uses them lives in ``_runtime.py``; these are plain data structures
+so their arithmetic is unit-tested without a host (specs/delivery-and-pause.md §6).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidSpecError, RayfleetError
+
+DEDUP_SCOPE_SEPARATOR = "\x1f"
+DEFAULT_DEDUP_CAPACITY = 10_000
+FENCE_MAP_SOFT_CAP = 16_384
+FENCE_ENTRY_TTL = 600.0
+FENCE_SWEEP_INTERVAL = 1.0
+EXTERNAL_SENDER = "external"
+
+
+class Retryable(RayfleetError):
+    """Raise from a handler to ask for the turn to be retried with backoff.
+
+    Timeouts and connection errors are retried too; every other exception is final and
+    dead-letters the message.
+    """
+
+    def __init__(self, message: str = "retryable failure") -> None:
+        super().__init__(message)
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a handler error is worth another attempt."""
+    return isinstance(error, (Retryable, TimeoutError, ConnectionError))
+
+
+class DeadLetterReason(str, enum.Enum):
+    """Why a message ended in the dead-letter log."""
+
+    DECODE_FAILED = "DECODE_FAILED"
+    """The arguments could not be bound or validated against the handler."""
+    REJECTED = "REJECTED"
+    """The handler raised a non-retryable error."""
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    RETRIES_EXHAUSTED = "RETRIES_EXHAUSTED"
+    STALE_FENCE = "STALE_FENCE"
+    CANCELLED = "CANCELLED"
+    """Parked work dropped by ``fleet.cancel_parked``."""
+    DELETED = "DELETED"
+    """Parked work of an identity that was deleted."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """One message to an agent, as it travels and as it is parked or dead-lettered."""
+
+    target: str
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    sender: str | None = None
+    """The sending agent's identity; ``None`` for a caller outside the fleet."""
+    idempotency_key: str | None = None
+    deadline: float | None = None
+    """Wall-clock seconds (``time.time()``) after which the message is dead-lettered unhandled."""
+    conversation: str | None = None
+    fence: int | None = None
+    """The conversation's fence; a lower fence than one already seen is refused."""
+    message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    sent_at: float = field(default_factory=time.time)
+
+    def dedup_key(self) -> str | None:
+        """``sender␟key``: one sender can neither suppress nor replay another's key."""
+        if self.idempotency_key is None:
+            return None
+        return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}{self.idempotency_key}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How a host retries a handler that raised a retryable error."""
+
+    max_attempts: int = 5
+    """Attempts in all, the first included (at least 1)."""
+    base_delay: float = 0.2
+    """Seconds before the second attempt; doubles after each attempt."""
+    max_delay: float = 5.0
+    """Cap on any one delay."""
+    jitter: float = 0.2
+    """Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise InvalidSpecError(f"retry max_attempts must be an integer >= 1, got {self.max_attempts!r}",
+                                   subject="retry")
+        if self.base_delay < 0 or self.max_delay < self.base_delay:
+            raise InvalidSpecError(
+                f"retry delays must satisfy 0 <= base_delay <= max_delay, got {self.base_delay!r}, {self.max_delay!r}",
+                subject="retry",
+            )
+        if not 0 <= self.jitter < 1:
+            raise InvalidSpecError(f"retry jitter must be in [0, 1), got {self.jitter!r}", subject="retry")
+
+    def delay_for(self, attempt: int, *, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
+        raw = min(self.base_delay * 2**attempt, self.max_delay)
+        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
+        return min(raw * spread, self.max_delay)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """A message that could not be handled, with the reason and the original envelope."""
+
+    id: int
+    identity: str
+    envelope: Envelope
+    reason: DeadLetterReason
+    error: str
+    attempts: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParkedMessage:
+    """A message held while its agent is paused (oldest first in listings)."""
+
+    seq: int
+    identity: str
+    envelope: Envelope
+    parked_at: float
+
+
+class DedupWindow:
+    """The last ``capacity`` idempotency keys of an agent with their replies.
+
+    FIFO, not LRU: seeing a key again does not refresh it, so the oldest keys leave
+    first whatever their traffic (specs/delivery-and-pause.md §6.2).
+    """
+
+    def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
+        self.capacity = max(int(capacity), 1)
+        self._replies: OrderedDict[str, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._replies
+
+    def get(self, key: str) -> bytes | None:
+        return self._replies.get(key)
+
+    def insert(self, key: str, reply: bytes) -> bool:
+        """Remember ``key``; ``False`` (and nothing changes) if it is already known."""
+        if key in self._replies:
+            return False
+        while len(self._replies) >= self.capacity:
+            self._replies.popitem(last=False)
+        self._replies[key] = reply
+        return True
+
+
+class FenceMap:
+    """Highest fence seen per conversation, bounded by a soft cap and an idle sweep.
+
+    ``accept`` refuses a fence lower than the conversation's high-water mark and
+    accepts an equal one (the same holder's retry; dedup handles the duplicate). When
+    the map grows past the soft cap, entries idle for ``ttl`` seconds are swept, at
+    most once per ``sweep_interval``.
+    """
+
+    def __init__(
+        self, *, soft_cap: int = FENCE_MAP_SOFT_CAP, ttl: float = FENCE_ENTRY_TTL,
+        sweep_interval: float = FENCE_SWEEP_INTERVAL,
+    ) -> None:
+        self.soft_cap = soft_cap
+        self.ttl = ttl
+        self.sweep_interval = sweep_interval
+        self._entries: dict[str, tuple[int, float]] = {}
+        self._last_sweep = 0.0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def high_water(self, conversation: str) -> int | None:
+        entry = self._entries.get(conversation)
+        return None if entry is None else entry[0]
+
+    def accept(self, conversation: str, fence: int, now: float) -> bool:
+        if len(self._entries) > self.soft_cap and now - self._last_sweep > self.sweep_interval:
+            self._last_sweep = now
+            self._entries = {c: e for c, e in self._entries.items() if now - e[1] < self.ttl}
+        current = self._entries.get(conversation)
+        if current is not None and fence < current[0]:
+            return False  # a refusal does not refresh the entry's age
+        self._entries[conversation] = (fence, now)
+        return True
+
+    def export(self) -> dict[str, tuple[int, float]]:
+        return dict(self._entries)
+
+    def restore(self, entries: dict[str, tuple[int, float]]) -> None:
+        self._entries = dict(entries)
