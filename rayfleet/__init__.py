@@ -29,6 +29,12 @@ from .identity import Addressability as Addressability
 from .identity import Agent as Agent
 from .identity import AgentSpec as AgentSpec
 from .identity import ContinuityRecord as ContinuityRecord
+from .identity import DeadLetter as DeadLetter
+from .identity import DeadLetterReason as DeadLetterReason
+from .identity import Envelope as Envelope
+from .identity import ParkedMessage as ParkedMessage
+from .identity import Retryable as Retryable
+from .identity import RetryPolicy as RetryPolicy
 from .identity import Durability as Durability
 from .identity import EventKind as EventKind
 from .identity import IdentityEvent as IdentityEvent
@@ -61,6 +67,13 @@ __all__ = [
     "State",
     "Usage",
     "handler",
+    # Delivery
+    "DeadLetter",
+    "DeadLetterReason",
+    "Envelope",
+    "ParkedMessage",
+    "RetryPolicy",
+    "Retryable",
     # Values
     "Addressability",
     "ContinuityRecord",

@@ -14,6 +14,14 @@ from ._agent import Usage as Usage
 from ._agent import handler as handler
 from ._agent import resolve_agent_class as resolve_agent_class
 from ._contracts import LedgerClient as LedgerClient
+from ._delivery import DeadLetter as DeadLetter
+from ._delivery import DeadLetterReason as DeadLetterReason
+from ._delivery import DedupWindow as DedupWindow
+from ._delivery import Envelope as Envelope
+from ._delivery import FenceMap as FenceMap
+from ._delivery import ParkedMessage as ParkedMessage
+from ._delivery import Retryable as Retryable
+from ._delivery import RetryPolicy as RetryPolicy
 from ._contracts import LocalLedgerClient as LocalLedgerClient
 from ._contracts import Router as Router
 from ._ledger import Ledger as Ledger
@@ -46,6 +54,15 @@ __all__ = [
     "Usage",
     "handler",
     "resolve_agent_class",
+    # Delivery
+    "DeadLetter",
+    "DeadLetterReason",
+    "DedupWindow",
+    "Envelope",
+    "FenceMap",
+    "ParkedMessage",
+    "RetryPolicy",
+    "Retryable",
     # Names and values
     "Addressability",
     "ContinuityRecord",

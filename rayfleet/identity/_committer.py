@@ -27,6 +27,8 @@ class _Pending:
     version: int
     state: pydantic.BaseModel
     extra: bytes
+    dedup: tuple[tuple[str, bytes], ...]
+    dedup_capacity: int
     done: asyncio.Future[SnapshotPointer]
 
 
@@ -65,11 +67,12 @@ class GroupCommitter:
         self._queue.clear()
 
     async def commit(
-        self, *, identity: str, fencing_token: int, version: int, state: pydantic.BaseModel, extra: bytes = b""
+        self, *, identity: str, fencing_token: int, version: int, state: pydantic.BaseModel, extra: bytes = b"",
+        dedup: tuple[tuple[str, bytes], ...] = (), dedup_capacity: int = 10_000,
     ) -> SnapshotPointer:
         """Queue one checkpoint and wait until it is committed (or refused)."""
         done: asyncio.Future[SnapshotPointer] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(identity, fencing_token, version, state, extra, done))
+        self._queue.append(_Pending(identity, fencing_token, version, state, extra, dedup, dedup_capacity, done))
         self._wakeup.set()
         return await done
 
@@ -100,7 +103,8 @@ class GroupCommitter:
             for row, item in enumerate(items):
                 pointer = SnapshotPointer(file=path, row=row, version=item.version)
                 commits.append(CheckpointCommit(
-                    identity=item.identity, fencing_token=item.fencing_token, version=item.version, pointer=pointer
+                    identity=item.identity, fencing_token=item.fencing_token, version=item.version, pointer=pointer,
+                    dedup=item.dedup, dedup_capacity=item.dedup_capacity,
                 ))
                 written.append(item)
         if not commits:

@@ -1,39 +1,76 @@
 """The seams of the identity core: what the host runtime needs from the outside world.
 
-``platform`` implements these over Ray actors; unit tests and the embedded mode use
-:class:`LocalLedgerClient`, which calls a real :class:`Ledger` in-process.
+:class:`LedgerClient` names every ledger operation a host uses, once; each transport
+only says how one call travels (``_call``). ``platform`` sends calls to the ledger
+actor over Ray; :class:`LocalLedgerClient` calls a :class:`Ledger` in-process (unit
+tests, embedded use).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..errors import RayfleetError
-from ._ledger import Activation, CheckpointCommit, IdentityView, Ledger
+from ._ledger import Activation, CheckpointCommit, IdentityView, Ledger, StoredMessage
 from ._types import ContinuityRecord, LeaseDenied, LeaseGrant, SnapshotPointer
 
 
-class LedgerClient(Protocol):
-    """Async access to the ledger (see :class:`Ledger` for each method's guarantees)."""
+class LedgerClient:
+    """Async access to the ledger; see :class:`Ledger` for each method's guarantees."""
+
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
 
     async def acquire(
         self, *, holder: str, identities: list[str], ttl: float, create_continuity: bool = True
-    ) -> dict[str, Activation | LeaseDenied | RayfleetError]: ...
+    ) -> dict[str, Activation | LeaseDenied | RayfleetError]:
+        return await self._call("acquire", holder=holder, identities=identities, ttl=ttl,
+                                create_continuity=create_continuity)
 
-    async def renew(self, *, holder: str, tokens: dict[str, int]) -> dict[str, LeaseGrant | None]: ...
+    async def renew(self, *, holder: str, tokens: dict[str, int]) -> dict[str, LeaseGrant | None]:
+        return await self._call("renew", holder=holder, tokens=tokens)
 
-    async def release(self, *, holder: str, tokens: dict[str, int]) -> int: ...
+    async def release(self, *, holder: str, tokens: dict[str, int]) -> int:
+        return await self._call("release", holder=holder, tokens=tokens)
 
-    async def commit_checkpoints(self, commits: list[CheckpointCommit]) -> list[RayfleetError | None]: ...
+    async def commit_checkpoints(self, commits: list[CheckpointCommit]) -> list[RayfleetError | None]:
+        return await self._call("commit_checkpoints", commits=commits)
 
-    async def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None: ...
+    async def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
+        await self._call("set_lifecycle", identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
+                         reason=reason)
 
-    async def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord: ...
+    async def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
+        return await self._call("reset", identity=identity, fencing_token=fencing_token)
 
-    async def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None: ...
+    async def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
+        return await self._call("delete", identity=identity, fencing_token=fencing_token)
 
-    async def resolve(self, identities: list[str]) -> dict[str, IdentityView]: ...
+    async def resolve(self, identities: list[str]) -> dict[str, IdentityView]:
+        return await self._call("resolve", identities=identities)
+
+    async def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
+        await self._call("set_paused", identity=identity, fencing_token=fencing_token, paused=paused)
+
+    async def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> int:
+        return await self._call("park", identity=identity, fencing_token=fencing_token, message_id=message_id,
+                                envelope=envelope)
+
+    async def parked(self, identity: str, *, limit: int = 1000) -> list[StoredMessage]:
+        return await self._call("parked", identity=identity, limit=limit)
+
+    async def unpark(self, *, identity: str, fencing_token: int, seq: int) -> None:
+        await self._call("unpark", identity=identity, fencing_token=fencing_token, seq=seq)
+
+    async def cancel_parked(self, *, identity: str, fencing_token: int) -> int:
+        return await self._call("cancel_parked", identity=identity, fencing_token=fencing_token)
+
+    async def add_dead_letter(
+        self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
+    ) -> int:
+        return await self._call("add_dead_letter", identity=identity, message_id=message_id, envelope=envelope,
+                                reason=reason, error=error, attempts=attempts)
 
 
 class Router(Protocol):
@@ -42,34 +79,11 @@ class Router(Protocol):
     async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any: ...
 
 
-class LocalLedgerClient:
+class LocalLedgerClient(LedgerClient):
     """A :class:`LedgerClient` over a ``Ledger`` in the same process (tests, embedded use)."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
-    async def acquire(
-        self, *, holder: str, identities: list[str], ttl: float, create_continuity: bool = True
-    ) -> dict[str, Activation | LeaseDenied | RayfleetError]:
-        return self.ledger.acquire(holder=holder, identities=identities, ttl=ttl, create_continuity=create_continuity)
-
-    async def renew(self, *, holder: str, tokens: dict[str, int]) -> dict[str, LeaseGrant | None]:
-        return self.ledger.renew(holder=holder, tokens=tokens)
-
-    async def release(self, *, holder: str, tokens: dict[str, int]) -> int:
-        return self.ledger.release(holder=holder, tokens=tokens)
-
-    async def commit_checkpoints(self, commits: list[CheckpointCommit]) -> list[RayfleetError | None]:
-        return self.ledger.commit_checkpoints(commits)
-
-    async def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
-        self.ledger.set_lifecycle(identity=identity, fencing_token=fencing_token, lifecycle=lifecycle, reason=reason)
-
-    async def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
-        return self.ledger.reset(identity=identity, fencing_token=fencing_token)
-
-    async def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
-        return self.ledger.delete(identity=identity, fencing_token=fencing_token)
-
-    async def resolve(self, identities: Iterable[str]) -> dict[str, IdentityView]:
-        return self.ledger.resolve(identities)
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        return getattr(self.ledger, method)(**kwargs)

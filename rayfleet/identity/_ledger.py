@@ -160,6 +160,7 @@ class IdentityView:
     continuity: ContinuityRecord | None
     snapshot: SnapshotPointer | None
     lease: LeaseView | None
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +169,8 @@ class Activation:
 
     grant: LeaseGrant
     view: IdentityView
+    dedup: tuple[tuple[str, bytes], ...] = ()
+    """The identity's remembered idempotency keys and replies, oldest first."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +337,7 @@ class Ledger:
             continuity=record,
             snapshot=pointer,
             lease=self._lease(db, identity),
+            paused=db.execute("SELECT 1 FROM paused WHERE identity = ?", (identity,)).fetchone() is not None,
         )
 
     def _continuity(self, db: sqlite3.Connection, identity: str) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
@@ -402,8 +406,10 @@ class Ledger:
                     )
                 view = self._view(db, identity)
                 assert view is not None  # the identity row was checked above, in this transaction
+                dedup = tuple(self._dedup_rows(db, identity))
                 results[identity] = Activation(
-                    grant=LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=ttl), view=view
+                    grant=LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=ttl), view=view,
+                    dedup=dedup,
                 )
         return results
 
@@ -519,10 +525,13 @@ class Ledger:
     def dedup_window(self, identity: str) -> list[tuple[str, bytes]]:
         """The remembered idempotency keys of an identity, oldest first, with their replies."""
         with self._lock:
-            return [
-                (row[0], row[1])
-                for row in self._db.execute("SELECT key, reply FROM dedup WHERE identity = ? ORDER BY seq", (identity,))
-            ]
+            return self._dedup_rows(self._db, identity)
+
+    @staticmethod
+    def _dedup_rows(db: sqlite3.Connection, identity: str) -> list[tuple[str, bytes]]:
+        return [
+            (row[0], row[1]) for row in db.execute("SELECT key, reply FROM dedup WHERE identity = ? ORDER BY seq", (identity,))
+        ]
 
     # -- pause, parking and dead letters -------------------------------------------
 

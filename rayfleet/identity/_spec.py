@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import InvalidSpecError
 from ._agent import Agent, agent_class_path, resolve_agent_class
+from ._delivery import DEFAULT_DEDUP_CAPACITY, RetryPolicy
 from ._names import validate_identity
 from ._types import Addressability, Durability, TopologyPolicy
 
@@ -43,6 +44,10 @@ class AgentSpec:
     display_name: str = ""
     context: Mapping[str, Any] = field(default_factory=dict)
     """Free-form application context, handed to the agent as ``self.spec.context``."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """How a handler that raises a retryable error is retried (5 attempts, 200 ms base)."""
+    dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
+    """How many idempotency keys (and their replies) the agent remembers, oldest evicted first."""
 
     def __post_init__(self) -> None:
         set_field = object.__setattr__
@@ -73,6 +78,14 @@ class AgentSpec:
         if not isinstance(self.context, Mapping):
             raise InvalidSpecError(f"spec for {self.identity!r}: context must be a mapping", subject="context")
         set_field(self, "context", dict(self.context))
+        if not isinstance(self.retry, RetryPolicy):
+            raise InvalidSpecError(f"spec for {self.identity!r}: retry must be an rf.RetryPolicy, got {self.retry!r}",
+                                   subject="retry")
+        if not isinstance(self.dedup_capacity, int) or self.dedup_capacity < 1:
+            raise InvalidSpecError(
+                f"spec for {self.identity!r}: dedup_capacity must be a positive integer, got {self.dedup_capacity!r}",
+                subject="dedup_capacity",
+            )
 
     @property
     def agent_class(self) -> type[Agent]:
@@ -96,6 +109,8 @@ class AgentSpec:
             "checkpoint_interval": self.checkpoint_interval,
             "display_name": self.display_name,
             "context": repr(sorted(self.context.items(), key=lambda item: item[0])),
+            "retry": repr(self.retry),
+            "dedup_capacity": self.dedup_capacity,
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -103,7 +118,7 @@ class AgentSpec:
         """Names of the fields in which ``other`` declares something different."""
         names = []
         for name in ("addressability", "labels", "peers", "topology", "durability", "checkpoint_interval",
-                     "display_name", "context"):
+                     "display_name", "context", "retry", "dedup_capacity"):
             if getattr(self, name) != getattr(other, name):
                 names.append(name)
         if self.agent_class_path != other.agent_class_path:

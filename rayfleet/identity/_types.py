@@ -156,6 +156,8 @@ class EventKind(str, enum.Enum):
     LEASE_UPDATED = "LEASE_UPDATED"
     LEASE_LOST = "LEASE_LOST"
     CHECKPOINT_COMPLETED = "CHECKPOINT_COMPLETED"
+    PAUSED = "PAUSED"
+    RESUMED = "RESUMED"
     DELETED = "DELETED"
     """The identity was deleted; its subscription ends after this event."""
 

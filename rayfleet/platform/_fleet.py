@@ -15,8 +15,15 @@ from typing import Any
 import cloudpickle
 import ray
 
-from ..errors import DeadlineExceededError, FleetUnavailableError, InvalidSpecError, UnknownIdentityError
+from ..errors import (
+    DeadlineExceededError,
+    FleetUnavailableError,
+    InvalidSpecError,
+    RayfleetError,
+    UnknownIdentityError,
+)
 from ..identity._agent import Agent
+from ..identity._delivery import DeadLetter, DeadLetterReason, Envelope, ParkedMessage, RetryPolicy
 from ..identity._ledger import HostView, IdentityView
 from ..identity._names import validate_identity
 from ..identity._runtime import HostStatistics, holder_host
@@ -205,6 +212,8 @@ class Fleet:
         checkpoint_interval: float = 1.0,
         display_name: str = "",
         context: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        dedup_capacity: int = 10_000,
         eager: bool = False,
     ) -> AgentRef:
         """Create an agent (idempotent) and return a ref to it.
@@ -230,6 +239,7 @@ class Fleet:
                 identity=identity, agent=agent, labels=labels or {}, addressability=addressability,
                 peers=tuple(peers), topology=topology, durability=durability,
                 checkpoint_interval=checkpoint_interval, display_name=display_name, context=context or {},
+                retry=retry or RetryPolicy(), dedup_capacity=dedup_capacity,
             )
         self._register(spec)
         ref = AgentRef(self, spec.identity)
@@ -294,6 +304,79 @@ class Fleet:
     def _lifecycle(self, identity: str, operation: str) -> Any:
         self._view(identity)  # unknown identities fail here, with a clear error
         return self._courier.route_sync(identity, "lifecycle", operation)
+
+    # -- pause, parking and dead letters ---------------------------------------------
+
+    def pause(self, identity: str) -> None:
+        """Park every later message of ``identity`` durably, in order, until :meth:`resume`.
+
+        Callers of ``call`` wait (up to their timeout) while their message is parked.
+        The pause survives host failover.
+        """
+        self._lifecycle(identity, "pause")
+
+    def resume(self, identity: str) -> int:
+        """Replay parked messages oldest first through the same gates, then take new work.
+
+        Returns how many parked messages were replayed.
+        """
+        return int(self._lifecycle(identity, "resume"))
+
+    def parked(self, identity: str) -> list[ParkedMessage]:
+        """Messages held for a paused identity, oldest first."""
+        self._view(identity)
+        return [
+            ParkedMessage(seq=item.id, identity=item.identity, envelope=cloudpickle.loads(item.envelope),
+                          parked_at=item.at)
+            for item in self._ledger.call("parked", identity=identity, limit=1_000_000)
+        ]
+
+    def cancel_parked(self, identity: str) -> int:
+        """Drop the parked work of ``identity`` into the dead-letter log (reason CANCELLED)."""
+        return int(self._lifecycle(identity, "cancel_parked"))
+
+    def dead_letters(self, identity: str | None = None, *, limit: int = 1000) -> list[DeadLetter]:
+        """Messages that could not be handled, oldest first, optionally for one identity."""
+        stored = self._ledger.call("dead_letters", identity=identity, limit=limit)
+        return [
+            DeadLetter(id=item.id, identity=item.identity, envelope=cloudpickle.loads(item.envelope),
+                       reason=DeadLetterReason(item.reason), error=item.error, attempts=item.attempts, at=item.at)
+            for item in stored
+        ]
+
+    def replay_dead_letter(self, letter_id: int, *, timeout: float | None = None) -> Any:
+        """Send a dead letter's original message again and return the reply.
+
+        The letter is removed once the message has been delivered, whatever the
+        outcome: if it fails again, the host records a new dead letter for it.
+        """
+        letters = [letter for letter in self._ledger.call("dead_letters", limit=1_000_000) if letter.id == letter_id]
+        if not letters:
+            raise InvalidSpecError(
+                f"there is no dead letter {letter_id}; list them with fleet.dead_letters()", subject="letter_id"
+            )
+        envelope: Envelope = cloudpickle.loads(letters[0].envelope)
+        try:
+            reply = self._send(envelope, timeout=timeout)
+        except (FleetUnavailableError, DeadlineExceededError):
+            raise  # perhaps never delivered: the letter stays
+        except RayfleetError:
+            self._ledger.call("purge_dead_letters", ids=[letter_id])
+            raise
+        self._ledger.call("purge_dead_letters", ids=[letter_id])
+        return reply
+
+    def purge_dead_letters(
+        self, identity: str | None = None, *, ids: list[int] | None = None, before: float | None = None
+    ) -> int:
+        """Delete dead letters matching every given filter; returns how many were deleted."""
+        return int(self._ledger.call("purge_dead_letters", identity=identity, ids=ids, before=before))
+
+    def _send(self, envelope: Envelope, *, timeout: float | None = None) -> Any:
+        try:
+            return self._courier.route_sync(envelope.target, "deliver", envelope, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise DeadlineExceededError(identity=envelope.target, method=envelope.method, timeout=timeout or 0.0) from None
 
     def collect_garbage(self, *, min_age: float = 60.0) -> list[str]:
         """Delete snapshot files no continuity record points at and older than ``min_age`` seconds."""
@@ -386,31 +469,93 @@ class AgentRef:
     def __repr__(self) -> str:
         return f"AgentRef({self.identity!r})"
 
-    def call(self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def envelope(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        deadline: float | None = None,
+        conversation: str | None = None,
+        fence: int | None = None,
+    ) -> Envelope:
+        """The message a call sends (``sender`` is empty: the caller is outside the fleet)."""
+        return Envelope(
+            target=self.identity, method=method, args=args, kwargs=kwargs, idempotency_key=idempotency_key,
+            deadline=deadline, conversation=conversation, fence=fence,
+        )
+
+    def call(
+        self,
+        method: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        deadline: float | None = None,
+        conversation: str | None = None,
+        fence: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Run handler ``method`` and return its value (blocking).
+
+        Args:
+            timeout: seconds to wait for the reply (``DeadlineExceededError`` after).
+            idempotency_key: calls with the same key (from the same sender) have their
+                effect once; repeats get the original reply.
+            deadline: wall-clock time (``time.time()``) after which the message is not
+                run but dead-lettered.
+            conversation, fence: a message whose fence is lower than one already seen
+                in its conversation is refused (``StaleFencingTokenError``).
 
         Raises:
             HandlerError: the handler raised (remote type, message and traceback inside).
-            DeadlineExceededError: no reply within ``timeout`` seconds.
+            DeadlineExceededError: no reply within ``timeout`` seconds, or the deadline passed.
             UnknownIdentityError, UnknownHandlerError, InvalidArgumentsError,
-            InvalidStateError, LeaseLostError, FleetUnavailableError.
+            InvalidStateError, NotAddressableError, StaleFencingTokenError,
+            LeaseLostError, FleetUnavailableError.
         """
-        try:
-            return self._fleet._courier.route_sync(self.identity, "deliver", method, args, kwargs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise DeadlineExceededError(identity=self.identity, method=method, timeout=timeout or 0.0) from None
+        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
+                                 conversation=conversation, fence=fence)
+        return self._fleet._send(envelope, timeout=timeout)
 
-    async def ask(self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    async def ask(
+        self,
+        method: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        deadline: float | None = None,
+        conversation: str | None = None,
+        fence: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """``call``, awaited."""
-        work = self._fleet._courier.route_async(self.identity, "deliver", method, args, kwargs)
+        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
+                                 conversation=conversation, fence=fence)
+        work = self._fleet._courier.route_async(self.identity, "deliver", envelope)
         try:
             return await asyncio.wait_for(work, timeout)
         except asyncio.TimeoutError:
             raise DeadlineExceededError(identity=self.identity, method=method, timeout=timeout or 0.0) from None
 
-    def tell(self, method: str, /, *args: Any, **kwargs: Any) -> None:
-        """Send without waiting for the turn; failures are logged on the host."""
-        self._fleet._courier.route_sync(self.identity, "tell", method, args, kwargs)
+    def tell(
+        self,
+        method: str,
+        /,
+        *args: Any,
+        idempotency_key: str | None = None,
+        deadline: float | None = None,
+        conversation: str | None = None,
+        fence: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Send without waiting for the turn; failures go to the dead-letter log."""
+        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
+                                 conversation=conversation, fence=fence)
+        self._fleet._courier.route_sync(self.identity, "tell", envelope)
 
     def status(self) -> IdentityStatus:
         return self._fleet.status(self.identity)
@@ -443,6 +588,7 @@ def _status(view: IdentityView) -> IdentityStatus:
         agent_class=view.agent_class,
         labels=dict(view.labels),
         addressability=Addressability(view.addressability),
+        paused=view.paused,
         broken_reason=view.reason if view.lifecycle == PERSISTED_BROKEN else "",
     )
 

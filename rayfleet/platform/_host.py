@@ -12,6 +12,7 @@ from typing import Any
 import ray
 
 from ..errors import InvalidSpecError, RayfleetError
+from ..identity._delivery import Envelope
 from ..identity._events import EventSubscription
 from ..identity._runtime import HostDraining, HostRuntime, HostStatistics, OwnedElsewhere, holder_host
 from ..identity._snapshots import SnapshotStore
@@ -37,11 +38,11 @@ class _HostRouter:
                 f"Call the method directly on self instead",
                 subject="target",
             )
+        envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender)
         runtime = self._host.runtime
         if runtime.is_active(target):
-            result = await runtime.deliver(target, method, (), kwargs, sender=sender)
-            return result.value
-        return await self._host.courier.route_async(target, "deliver", method, (), dict(kwargs), sender)
+            return (await runtime.deliver_envelope(envelope)).value
+        return await self._host.courier.route_async(target, "deliver", envelope)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -107,22 +108,23 @@ class AgentHost:
                 f"please report it with the host log"
             )
 
-    async def deliver(
-        self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], sender: str | None = None
-    ) -> tuple[str, Any]:
+    async def deliver(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         async def turn() -> Any:
-            return (await self.runtime.deliver(identity, method, args, kwargs, sender=sender)).value
+            return (await self.runtime.deliver_envelope(envelope)).value
 
         return await self._serve(turn())
 
-    async def tell(self, identity: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
-        """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere)."""
+    async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
+        """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere).
+
+        Failures are dead-lettered by the host that runs the turn, so nothing is lost silently.
+        """
 
         async def forward() -> None:
             try:
-                await self.courier.route_async(identity, "deliver", method, args, kwargs)
+                await self.courier.route_async(identity, "deliver", envelope)
             except Exception as error:
-                log.warning("tell %s.%s failed: %s", identity, method, error)
+                log.warning("tell %s.%s failed: %s", identity, envelope.method, error)
 
         asyncio.get_running_loop().create_task(forward())
         return OK, None
@@ -137,6 +139,9 @@ class AgentHost:
             "reset": self.runtime.reset,
             "delete": self.runtime.delete,
             "deactivate": self.runtime.deactivate,
+            "pause": self.runtime.pause,
+            "resume": self.runtime.resume,
+            "cancel_parked": self.runtime.cancel_parked,
         }
         return await self._serve(operations[operation](identity))
 

@@ -8,15 +8,8 @@ from typing import Any
 import ray
 
 from ..errors import RayfleetError
-from ..identity._ledger import (
-    Activation,
-    CheckpointCommit,
-    HostView,
-    IdentityView,
-    Ledger,
-    RegisterOutcome,
-)
-from ..identity._types import ContinuityRecord, LeaseDenied, LeaseGrant, SnapshotPointer
+from ..identity._contracts import LedgerClient
+from ..identity._ledger import HostView, Ledger, RegisterOutcome
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 
@@ -61,42 +54,14 @@ def unwrap(result: Any) -> Any:
     return result
 
 
-class RayLedgerClient:
-    """The ``LedgerClient`` contract over the ledger actor, for use inside async actors."""
+class RayLedgerClient(LedgerClient):
+    """The ledger client of hosts: each call is one task on the ledger actor."""
 
     def __init__(self, handle: ray.actor.ActorHandle) -> None:
         self.handle = handle
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         return unwrap(await self.handle.call.remote(method, kwargs))
-
-    async def acquire(
-        self, *, holder: str, identities: list[str], ttl: float, create_continuity: bool = True
-    ) -> dict[str, Activation | LeaseDenied | RayfleetError]:
-        return await self._call("acquire", holder=holder, identities=identities, ttl=ttl,
-                                create_continuity=create_continuity)
-
-    async def renew(self, *, holder: str, tokens: dict[str, int]) -> dict[str, LeaseGrant | None]:
-        return await self._call("renew", holder=holder, tokens=tokens)
-
-    async def release(self, *, holder: str, tokens: dict[str, int]) -> int:
-        return await self._call("release", holder=holder, tokens=tokens)
-
-    async def commit_checkpoints(self, commits: list[CheckpointCommit]) -> list[RayfleetError | None]:
-        return await self._call("commit_checkpoints", commits=commits)
-
-    async def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
-        await self._call("set_lifecycle", identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
-                         reason=reason)
-
-    async def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
-        return await self._call("reset", identity=identity, fencing_token=fencing_token)
-
-    async def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
-        return await self._call("delete", identity=identity, fencing_token=fencing_token)
-
-    async def resolve(self, identities: list[str]) -> dict[str, IdentityView]:
-        return await self._call("resolve", identities=identities)
 
     async def hosts(self) -> list[HostView]:
         return await self._call("hosts")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import pickle
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from ..errors import FleetUnavailableError, RayfleetError
+from ..errors import FleetUnavailableError, InvalidArgumentsError, RayfleetError
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -215,8 +216,9 @@ class Courier:
                 _pause(plan.hops)
                 self.refresh_sync(plan)
             name, handle = plan.target()
+            pending = _submit(handle, method, identity, args)
             try:
-                reply = ray.get(getattr(handle, method).remote(identity, *args), timeout=timeout)
+                reply = ray.get(pending, timeout=timeout)
             except ray.exceptions.GetTimeoutError:
                 raise
             except Exception as error:
@@ -233,14 +235,26 @@ class Courier:
                 await _pause_async(plan.hops)
                 await self.refresh_async(plan)
             name, handle = plan.target()
+            pending = _submit(handle, method, identity, args)
             try:
-                reply = await getattr(handle, method).remote(identity, *args)
+                reply = await pending
             except Exception as error:
                 plan.on_failure(name, error)
                 continue
             done, value = plan.on_reply(name, reply)
             if done:
                 return value
+
+
+def _submit(handle: ray.actor.ActorHandle, method: str, identity: str, args: tuple[Any, ...]) -> Any:
+    """Send one request; arguments Ray cannot serialize are the caller's error, said plainly."""
+    try:
+        return getattr(handle, method).remote(identity, *args)
+    except (TypeError, ValueError, AttributeError, pickle.PicklingError) as error:
+        target = getattr(args[0], "method", method) if args else method
+        raise InvalidArgumentsError(
+            identity=identity, method=target, detail=f"they cannot be serialized to send to a host ({error})"
+        ) from None
 
 
 def _backoff(hops: int) -> float:

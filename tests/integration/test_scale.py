@@ -108,10 +108,10 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
     try:
         # The ledger waits (SQLite busy timeout: 5 s) for this lock before every write.
         blocker.execute("BEGIN IMMEDIATE")
-        first = host.deliver.remote("burst/first", "add", (), {"n": 1})
+        first = host.deliver.remote("burst/first", rf.Envelope(target="burst/first", method="add", kwargs={"n": 1}))
         time.sleep(1.0)  # the first activation's lease batch is now waiting on the ledger
         assert ray.wait([first], timeout=0)[0] == []
-        second = host.deliver.remote("burst/second", "add", (), {"n": 2})
+        second = host.deliver.remote("burst/second", rf.Envelope(target="burst/second", method="add", kwargs={"n": 2}))
         time.sleep(0.5)  # ...and the second activation has queued behind it on the host
         assert ray.wait([second], timeout=0)[0] == []
     finally:
@@ -122,7 +122,7 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
     served, _ = ray.wait([second], timeout=CALL_DEADLINE)
     if not served:
         # Diagnose: a later activation on the host flushes the stranded one.
-        assert ray.get(host.deliver.remote("burst/nudge", "add", (), {"n": 3}), timeout=CALL_DEADLINE) == ("ok", 3)
+        assert ray.get(host.deliver.remote("burst/nudge", rf.Envelope(target="burst/nudge", method="add", kwargs={"n": 3})), timeout=CALL_DEADLINE) == ("ok", 3)
         assert ray.get(second, timeout=CALL_DEADLINE) == ("ok", 2)
     assert served, "the activation queued during an in-flight lease batch was only served after another activation"
     assert ray.get(second) == ("ok", 2)

@@ -18,6 +18,7 @@ EXPECTED_NAMES = {
     "NotInAgentContextError", "NotWiredError", "RayfleetError", "Reply", "RunCancelledError", "SnapshotError",
     "StaleCheckpointVersionError", "StaleFencingTokenError", "State", "StepFailedError", "TopologyPolicy",
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
+    "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "Retryable",
 }
 
 

@@ -1,0 +1,86 @@
+"""Delivery arithmetic without a host: dedup window, fence map, retry policy, envelopes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rayfleet as rf
+from rayfleet.identity import DedupWindow, FenceMap
+
+
+def test_dedup_window_is_fifo_and_bounded() -> None:
+    window = DedupWindow(capacity=3)
+    for key in "abc":
+        assert window.insert(key, key.encode())
+    assert not window.insert("a", b"other")  # a repeat neither inserts nor refreshes
+    assert window.get("a") == b"a"
+    assert window.insert("d", b"d")  # evicts the oldest, "a", even though it was just seen
+    assert "a" not in window and len(window) == 3
+    assert DedupWindow(capacity=0).capacity == 1
+
+
+@given(st.lists(st.text(min_size=1, max_size=3), max_size=60), st.integers(min_value=1, max_value=8))
+def test_dedup_window_never_exceeds_capacity(keys: list[str], capacity: int) -> None:
+    window = DedupWindow(capacity=capacity)
+    for key in keys:
+        window.insert(key, b"")
+        assert len(window) <= capacity
+
+
+def test_fence_map_refuses_lower_accepts_equal_and_higher() -> None:
+    fences = FenceMap()
+    assert fences.accept("conv", 0, now=1.0)  # fence 0 on a fresh conversation is accepted
+    assert fences.accept("conv", 5, now=2.0)
+    assert fences.accept("conv", 5, now=3.0)  # the same holder's retry
+    assert not fences.accept("conv", 4, now=4.0)
+    assert fences.high_water("conv") == 5
+    assert fences.accept("other", 1, now=4.0)
+
+
+def test_fence_map_sweeps_idle_entries_only_past_the_soft_cap_and_at_most_once_per_interval() -> None:
+    fences = FenceMap(soft_cap=3, ttl=10.0, sweep_interval=1.0)
+    for index in range(4):
+        fences.accept(f"old-{index}", 7, now=0.0)
+    assert len(fences) == 4  # the cap is soft: nothing is swept while everything is young
+    fences.accept("fresh", 1, now=20.0)  # past the cap, interval elapsed: idle entries go
+    assert len(fences) == 1 and fences.high_water("fresh") == 1
+    # After a sweep, an old fence is accepted again (dedup is the backstop).
+    assert fences.accept("old-0", 1, now=20.5)
+
+
+def test_fence_map_rejection_does_not_refresh_age() -> None:
+    fences = FenceMap(soft_cap=0, ttl=10.0, sweep_interval=0.0)
+    fences.accept("conv", 5, now=0.0)
+    assert not fences.accept("conv", 1, now=9.0)
+    fences.accept("other", 1, now=10.5)  # sweeps: "conv" was last accepted at 0.0
+    assert fences.high_water("conv") is None
+
+
+def test_retry_policy_backs_off_exponentially_with_capped_jitter() -> None:
+    policy = rf.RetryPolicy(max_attempts=5, base_delay=0.2, max_delay=1.0, jitter=0.2)
+    rng = random.Random(7)
+    delays = [policy.delay_for(attempt, rng=rng) for attempt in range(6)]
+    for attempt, delay in enumerate(delays):
+        raw = min(0.2 * 2**attempt, 1.0)
+        assert raw * 0.8 <= delay <= min(raw * 1.2, 1.0)
+    assert rf.RetryPolicy(jitter=0).delay_for(10) == 5.0
+
+
+@pytest.mark.parametrize(
+    "options", [{"max_attempts": 0}, {"base_delay": -1}, {"base_delay": 2.0, "max_delay": 1.0}, {"jitter": 1.5}]
+)
+def test_retry_policy_refuses_bad_values(options: dict[str, float]) -> None:
+    with pytest.raises(rf.InvalidSpecError, match="retry"):
+        rf.RetryPolicy(**options)  # type: ignore[arg-type]
+
+
+def test_dedup_key_is_scoped_by_sender() -> None:
+    outside = rf.Envelope(target="a", method="m", idempotency_key="k")
+    peer = rf.Envelope(target="a", method="m", idempotency_key="k", sender="b")
+    assert outside.dedup_key() != peer.dedup_key()
+    assert rf.Envelope(target="a", method="m").dedup_key() is None
+    assert outside.message_id != rf.Envelope(target="a", method="m").message_id
