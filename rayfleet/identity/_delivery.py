@@ -75,11 +75,40 @@ class Envelope:
     message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     sent_at: float = field(default_factory=time.time)
 
+    def __post_init__(self) -> None:
+        problem = _envelope_problem(self)
+        if problem:
+            raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", subject="envelope")
+
     def dedup_key(self) -> str | None:
         """``sender␟key``: one sender can neither suppress nor replay another's key."""
         if self.idempotency_key is None:
             return None
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}{self.idempotency_key}"
+
+
+def _envelope_problem(envelope: Envelope) -> str:
+    if not isinstance(envelope.target, str) or not envelope.target:
+        return "target must be an identity"
+    if not isinstance(envelope.method, str) or not envelope.method.isidentifier():
+        return f"method must be a handler name, got {envelope.method!r}"
+    if not isinstance(envelope.args, tuple) or not isinstance(envelope.kwargs, dict):
+        return "args must be a tuple and kwargs a dict"
+    if not all(isinstance(key, str) for key in envelope.kwargs):
+        return "keyword argument names must be strings"
+    for name in ("sender", "idempotency_key", "conversation"):
+        value = getattr(envelope, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            return f"{name} must be a non-empty string or None, got {value!r}"
+    if envelope.deadline is not None and (isinstance(envelope.deadline, bool)
+                                          or not isinstance(envelope.deadline, (int, float))):
+        return f"deadline must be a time.time() value or None, got {envelope.deadline!r}"
+    if envelope.fence is not None and (isinstance(envelope.fence, bool) or not isinstance(envelope.fence, int)
+                                       or envelope.fence < 0):
+        return f"fence must be a non-negative integer or None, got {envelope.fence!r}"
+    if (envelope.fence is None) != (envelope.conversation is None) and envelope.fence is not None:
+        return "a fence needs a conversation: pass conversation= with fence="
+    return ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,17 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("method")
     send.add_argument("--json", default="{}", dest="arguments", help="handler keyword arguments as a JSON object")
     send.add_argument("--timeout", type=float, default=None)
+    send.add_argument("--idempotency-key", default=None, help="repeat-safe key: the effect happens once")
+    for verb, text in (("pause", "park new messages durably until resume"),
+                       ("resume", "replay parked messages oldest first, then take new work"),
+                       ("parked", "list parked messages, oldest first")):
+        commands.add_parser(verb, help=text).add_argument("identity")
+    letters = commands.add_parser("dead-letters", help="list or replay messages that could not be handled")
+    letter_commands = letters.add_subparsers(dest="letters_command", required=True)
+    listing = letter_commands.add_parser("list")
+    listing.add_argument("--identity", default=None)
+    replay = letter_commands.add_parser("replay")
+    replay.add_argument("letter_id", type=int)
     commands.add_parser("hosts", help="list host actors")
     gc = commands.add_parser("gc", help="delete snapshot files no identity references")
     gc.add_argument("--min-age", type=float, default=60.0)
@@ -63,7 +74,20 @@ def _run(arguments: argparse.Namespace) -> int:
             if not isinstance(kwargs, dict):
                 print("error: --json must be a JSON object of keyword arguments, e.g. '{\"n\": 2}'", file=sys.stderr)
                 return 2
-            _print(fleet.agent(arguments.identity).call(arguments.method, timeout=arguments.timeout, **kwargs))
+            _print(fleet.agent(arguments.identity).call(
+                arguments.method, timeout=arguments.timeout, idempotency_key=arguments.idempotency_key, **kwargs
+            ))
+        elif arguments.command == "pause":
+            fleet.pause(arguments.identity)
+            _print({"paused": arguments.identity})
+        elif arguments.command == "resume":
+            _print({"resumed": arguments.identity, "replayed": fleet.resume(arguments.identity)})
+        elif arguments.command == "parked":
+            _print([asdict(message) for message in fleet.parked(arguments.identity)])
+        elif arguments.command == "dead-letters" and arguments.letters_command == "list":
+            _print([asdict(letter) for letter in fleet.dead_letters(arguments.identity)])
+        elif arguments.command == "dead-letters":
+            _print(fleet.replay_dead_letter(arguments.letter_id))
         elif arguments.command == "hosts":
             _print([asdict(host) for host in fleet.hosts()])
         elif arguments.command == "gc":

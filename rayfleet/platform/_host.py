@@ -109,6 +109,13 @@ class AgentHost:
             )
 
     async def deliver(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
+        if not isinstance(envelope, Envelope) or envelope.target != identity:
+            return ERROR, InvalidSpecError(
+                f"malformed request for {identity!r}: expected an rf.Envelope addressed to it, got "
+                f"{type(envelope).__name__}. Send messages through fleet.agent(...).call()",
+                subject="envelope",
+            )
+
         async def turn() -> Any:
             return (await self.runtime.deliver_envelope(envelope)).value
 

@@ -84,3 +84,21 @@ def test_dedup_key_is_scoped_by_sender() -> None:
     assert outside.dedup_key() != peer.dedup_key()
     assert rf.Envelope(target="a", method="m").dedup_key() is None
     assert outside.message_id != rf.Envelope(target="a", method="m").message_id
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"method": "not a name"}, "method must be a handler name"),
+        ({"args": [1]}, "args must be a tuple"),
+        ({"kwargs": {1: 2}}, "names must be strings"),
+        ({"idempotency_key": ""}, "idempotency_key must be a non-empty string"),
+        ({"deadline": "soon"}, "deadline must be"),
+        ({"fence": -1, "conversation": "c"}, "fence must be a non-negative integer"),
+        ({"fence": 3}, "a fence needs a conversation"),
+    ],
+)
+def test_malformed_envelopes_are_refused_with_the_reason(fields: dict[str, object], problem: str) -> None:
+    options: dict[str, object] = {"target": "a", "method": "m", **fields}
+    with pytest.raises(rf.InvalidSpecError, match=problem):
+        rf.Envelope(**options)  # type: ignore[arg-type]

@@ -1,0 +1,54 @@
+"""The rayfleet command line against a live fleet in the test session's Ray."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+import rayfleet as rf
+from rayfleet.platform._cli import main
+
+
+class Greeter(rf.Agent):
+    class State(rf.State):
+        greeted: list[str] = []
+
+    @rf.handler
+    async def greet(self, name: str) -> str:
+        self.state.greeted = [*self.state.greeted, name]
+        return f"hello {name}"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if code == 0 and out.out.strip() else out.err
+
+
+@pytest.mark.timeout(120)
+def test_cli_send_status_pause_and_dead_letters(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    namespace = f"cli-{uuid.uuid4().hex[:8]}"
+    fleet = rf.connect(storage=storage, namespace=namespace, hosts=1)
+    try:
+        fleet.spawn("greeter/1", Greeter)
+        common = ("--storage", str(storage), "--namespace", namespace)
+        assert run(capsys, *common, "send", "greeter/1", "greet", "--json", '{"name": "ada"}') == (0, "hello ada")
+        code, statuses = run(capsys, *common, "status")
+        assert code == 0 and [s["identity"] for s in statuses] == ["greeter/1"]  # type: ignore[union-attr,index]
+        code, error = run(capsys, *common, "send", "greeter/1", "greet", "--json", "{not json")
+        assert code == 2 and "--json is not valid JSON" in str(error)
+        code, error = run(capsys, *common, "send", "greeter/1", "greet", "--json", '{"name": 3.5}')
+        assert code == 2 and "not valid" in str(error)
+        code, letters = run(capsys, *common, "dead-letters", "list")
+        assert code == 0 and [letter["reason"] for letter in letters] == ["DECODE_FAILED"]  # type: ignore[index,union-attr]
+        assert run(capsys, *common, "pause", "greeter/1")[0] == 0
+        assert fleet.status("greeter/1").paused
+        code, resumed = run(capsys, *common, "resume", "greeter/1")
+        assert code == 0 and resumed == {"resumed": "greeter/1", "replayed": 0}
+        code, error = run(capsys, *common, "status", "nobody/here")
+        assert code == 2 and "unknown identity" in str(error)
+    finally:
+        fleet.shutdown(stop_actors=True)
