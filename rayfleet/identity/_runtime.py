@@ -773,13 +773,21 @@ class HostRuntime:
 
     # -- lifecycle operations (fence before effect) ---------------------------------
 
-    async def _fence(self, identity: str) -> LeaseGrant:
-        """Take a new, larger token for ``identity``: every later write by an older owner is refused."""
+    async def _fence(self, identity: str, *, checkpoint: bool) -> LeaseGrant:
+        """Take a new, larger token for ``identity``: every later write by an older owner is refused.
+
+        An agent active here is taken out of service first: checkpointed and released
+        when ``checkpoint`` (retire, respawn), dropped with its unsaved State otherwise
+        (reset, delete).
+        """
         entry = self._entries.get(identity)
         if entry is not None:
             async with entry.turn_lock:
                 if not entry.dropped:
-                    await self._drop(entry, reason="")
+                    if checkpoint:
+                        await self._retire_entry(entry, checkpoint=True)
+                    else:
+                        await self._drop(entry, reason="")
         result = await self._acquire(identity, create=False)
         if isinstance(result, LeaseDenied):
             raise OwnedElsewhere(identity, result.holder)
@@ -789,12 +797,7 @@ class HostRuntime:
 
     async def retire(self, identity: str) -> int:
         """Deactivate (checkpointing) and mark RETIRING; later calls fail until respawn."""
-        entry = self._entries.get(identity)
-        if entry is not None:
-            async with entry.turn_lock:
-                if not entry.dropped:
-                    await self._retire_entry(entry, checkpoint=True)
-        grant = await self._fence(identity)
+        grant = await self._fence(identity, checkpoint=True)
         try:
             await self._ledger.set_lifecycle(
                 identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_RETIRED
@@ -806,18 +809,13 @@ class HostRuntime:
 
     async def respawn(self, identity: str) -> ContinuityRecord:
         """Bring an identity back (same generation, last committed State) under a new lease."""
-        entry = self._entries.get(identity)
-        if entry is not None:
-            async with entry.turn_lock:
-                if not entry.dropped:
-                    await self._retire_entry(entry, checkpoint=True)
-        grant = await self._fence(identity)
+        grant = await self._fence(identity, checkpoint=True)
         await self._ledger.set_lifecycle(identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_LIVE)
         return await self._rehost(identity, grant)
 
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
-        grant = await self._fence(identity)
+        grant = await self._fence(identity, checkpoint=False)
         try:
             await self._ledger.reset(identity=identity, fencing_token=grant.fencing_token)
         except BaseException:
@@ -835,7 +833,7 @@ class HostRuntime:
 
     async def delete(self, identity: str) -> None:
         """Remove the identity, its record and lease; its snapshot rows become garbage."""
-        grant = await self._fence(identity)
+        grant = await self._fence(identity, checkpoint=False)
         await self._ledger.delete(identity=identity, fencing_token=grant.fencing_token)
         self._emit(identity, EventKind.DELETED, fencing_token=grant.fencing_token)
         self._events.close(identity)
