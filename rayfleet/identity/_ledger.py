@@ -589,7 +589,7 @@ class Ledger:
             for _, message_id, envelope in rows:
                 db.execute(
                     "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "
-                    "VALUES (?, ?, ?, 'cancelled', 'parked work cancelled by fleet.cancel_parked', 0, ?)",
+                    "VALUES (?, ?, ?, 'CANCELLED', 'parked work cancelled by fleet.cancel_parked', 0, ?)",
                     (identity, message_id, envelope, now),
                 )
             db.execute("DELETE FROM parked WHERE identity = ?", (identity,))
@@ -706,7 +706,7 @@ class Ledger:
             # Parked work of a deleted identity can never run: keep it as dead letters.
             db.execute(
                 "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "
-                "SELECT identity, message_id, envelope, 'deleted', 'identity deleted while the message was parked', "
+                "SELECT identity, message_id, envelope, 'DELETED', 'identity deleted while the message was parked', "
                 "0, ? FROM parked WHERE identity = ?",
                 (self._clock(), identity),
             )

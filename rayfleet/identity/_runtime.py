@@ -156,7 +156,6 @@ class _Entry:
     pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
     """Keys remembered since the last commit; they are committed with the next checkpoint."""
     fences: FenceMap = field(default_factory=FenceMap)
-    fences_dirty: bool = False
 
 
 class _AgentContext:
@@ -362,12 +361,15 @@ class HostRuntime:
         """The gates after pause, then the handler (caller holds the turn lock)."""
         identity = envelope.target
         if envelope.fence is not None and envelope.conversation is not None:
+            previous = entry.fences.high_water(envelope.conversation)
             if not entry.fences.accept(envelope.conversation, envelope.fence, time.time()):
                 current = entry.fences.high_water(envelope.conversation) or 0
                 error = StaleFencingTokenError(identity=identity, presented=envelope.fence, current=current)
                 await self._dead_letter(envelope, DeadLetterReason.STALE_FENCE, error.message, attempts=0)
                 raise error
-            entry.fences_dirty = True
+            if previous != envelope.fence:
+                # A raised high-water mark must outlive this owner even when the turn changes no State.
+                entry.dirty = True
         key = envelope.dedup_key()
         if key is not None:
             original = entry.dedup.get(key)

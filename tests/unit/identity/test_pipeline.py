@@ -207,4 +207,4 @@ async def test_cancel_parked_moves_work_to_dead_letters(ledger: Ledger, tmp_path
             await waiting
         await runtime.resume("acct/1")
         assert (await runtime.deliver("acct/1", "deposit", (), {"amount": 0})).value == 0
-    assert reasons(ledger) == ["cancelled"]
+    assert reasons(ledger) == ["CANCELLED"]
