@@ -14,6 +14,8 @@ from ._agent import Usage as Usage
 from ._agent import handler as handler
 from ._agent import resolve_agent_class as resolve_agent_class
 from ._contracts import LedgerClient as LedgerClient
+from ._contracts import LocalLedgerClient as LocalLedgerClient
+from ._contracts import Router as Router
 from ._delivery import DeadLetter as DeadLetter
 from ._delivery import DeadLetterReason as DeadLetterReason
 from ._delivery import DedupWindow as DedupWindow
@@ -22,8 +24,6 @@ from ._delivery import FenceMap as FenceMap
 from ._delivery import ParkedMessage as ParkedMessage
 from ._delivery import Retryable as Retryable
 from ._delivery import RetryPolicy as RetryPolicy
-from ._contracts import LocalLedgerClient as LocalLedgerClient
-from ._contracts import Router as Router
 from ._ledger import Ledger as Ledger
 from ._names import format_runtime_id as format_runtime_id
 from ._names import parse_runtime_id as parse_runtime_id

@@ -32,43 +32,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
 from ..errors import (
-    DeadlineExceededError,
     HandlerError,
-    InvalidArgumentsError,
     InvalidSpecError,
     InvalidStateError,
     LeaseLostError,
-    NotAddressableError,
     RayfleetError,
     SnapshotError,
     StaleCheckpointVersionError,
     StaleFencingTokenError,
-    UnknownHandlerError,
     UnknownIdentityError,
 )
-from ._agent import Agent, HandlerInfo, Reply, Usage, run_handler
 from ._committer import GroupCommitter
 from ._contracts import LedgerClient, Router
-from ._delivery import DeadLetterReason, DedupWindow, Envelope, FenceMap, is_retryable
+from ._delivery import DedupWindow
 from ._events import EventHub, EventSubscription
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._ledger import Activation, IdentityView
+from ._pipeline import DeliveryPipeline
 from ._snapshots import SnapshotStore
 from ._spec import AgentSpec
 from ._types import (
     PERSISTED_BROKEN,
-    Addressability,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
     ContinuityRecord,
@@ -90,30 +85,6 @@ RENEWAL_BACKOFF_CAP = 60.0
 def renewal_backoff(failures: int, cap: float = RENEWAL_BACKOFF_CAP) -> float:
     """Seconds to wait after ``failures`` consecutive failed renewals: 1 s x 2^n, n <= 6, capped."""
     return min(RENEWAL_BACKOFF_BASE * 2 ** min(failures, 6), cap)
-
-
-class OwnedElsewhere(Exception):
-    """Internal signal: another live holder owns the identity; the caller should go there."""
-
-    def __init__(self, identity: str, holder: str) -> None:
-        super().__init__(identity, holder)
-        self.identity = identity
-        self.holder = holder
-
-
-class HostDraining(Exception):
-    """Internal signal: this host takes no new activations; route elsewhere."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnResult:
-    """What one delivered turn produced."""
-
-    value: Any
-    usage: Usage
-    checkpoint_version: int
-    duplicate: bool = False
-    """True when this is the remembered reply of an earlier turn with the same idempotency key."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,32 +109,12 @@ class HostStatistics:
     draining: bool
 
 
-@dataclass(slots=True)
-class _Entry:
-    spec: AgentSpec
-    agent: Agent
-    record: ContinuityRecord
-    grant: LeaseGrant
-    installed_at: float
-    checkpoint_version: int
-    turn_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_used: float = 0.0
-    dirty: bool = False
-    last_commit: float = 0.0
-    dropped: bool = False
-    paused: bool = False
-    dedup: DedupWindow = field(default_factory=DedupWindow)
-    pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
-    """Keys remembered since the last commit; they are committed with the next checkpoint."""
-    fences: FenceMap = field(default_factory=FenceMap)
-
-
 class _AgentContext:
     """The capabilities a hosted agent gets (``rf.Agent`` reads them through properties)."""
 
     __slots__ = ("_runtime", "_entry")
 
-    def __init__(self, runtime: HostRuntime, entry: _Entry) -> None:
+    def __init__(self, runtime: HostRuntime, entry: HostedAgent) -> None:
         self._runtime = runtime
         self._entry = entry
 
@@ -195,7 +146,7 @@ class _AgentContext:
         return await self._runtime._commit(self._entry)
 
 
-class HostRuntime:
+class HostRuntime(DeliveryPipeline):
     """Hosts many agents; one turn at a time per identity, concurrent across identities.
 
     Args:
@@ -227,8 +178,8 @@ class HostRuntime:
         self.lease_ttl = lease_ttl
         self.idle_timeout = idle_timeout
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
-        self._activating: dict[str, asyncio.Future[_Entry]] = {}
+        self._entries: dict[str, HostedAgent] = {}
+        self._activating: dict[str, asyncio.Future[HostedAgent]] = {}
         self._acquire_queue: dict[str, list[asyncio.Future[Activation | LeaseDenied | RayfleetError]]] = {}
         self._acquire_flush: asyncio.Task[None] | None = None
         self._spec_cache: dict[str, AgentSpec] = {}
@@ -290,259 +241,12 @@ class HostRuntime:
     def is_active(self, identity: str) -> bool:
         return identity in self._entries
 
-    # -- turns ----------------------------------------------------------------------
-
-    async def deliver(
-        self,
-        identity: str,
-        method: str,
-        args: tuple[Any, ...] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        sender: str | None = None,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        fence: int | None = None,
-    ) -> TurnResult:
-        """Build an :class:`Envelope` and deliver it (see :meth:`deliver_envelope`)."""
-        return await self.deliver_envelope(Envelope(
-            target=identity, method=method, args=tuple(args), kwargs=dict(kwargs or {}), sender=sender,
-            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, fence=fence,
-        ))
-
-    async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
-        """Run one message through the gates and, if it passes, one turn of its handler.
-
-        Gates, in order (DESIGN.md section 7): addressability, lifecycle state, pause
-        (park durably and wait for the resume), conversation fence, dedup (a duplicate
-        gets the original reply), deadline, then the handler with retries, the commit
-        per durability, and the reply. Refused and failed messages go to the dead-letter
-        log with the original envelope, except addressability and lifecycle refusals,
-        which the caller can act on directly.
-
-        Raises:
-            NotAddressableError: an outside caller tried an ``INTERNAL_ONLY`` agent.
-            OwnedElsewhere: another live host holds the lease (internal; the caller re-routes).
-            StaleFencingTokenError: the conversation fence is below one already seen.
-            DeadlineExceededError: the deadline passed before the turn ran.
-            UnknownIdentityError, InvalidStateError, UnknownHandlerError,
-            InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
-        """
-        identity = envelope.target
-        entry = self._entries.get(identity)
-        if entry is None:
-            entry = await self._activate(identity)
-        if envelope.sender is None and entry.spec.addressability is Addressability.INTERNAL_ONLY:
-            raise NotAddressableError(identity=identity)
-        info = entry.agent.__rayfleet_handlers__.get(envelope.method)
-        if info is None:
-            raise UnknownHandlerError(
-                identity=identity, method=envelope.method, available=type(entry.agent).handler_names()
-            )
-        try:
-            bound = info.bind(identity, envelope.args, envelope.kwargs)
-        except InvalidArgumentsError as error:
-            await self._dead_letter(envelope, DeadLetterReason.DECODE_FAILED, error.message, attempts=0)
-            raise
-        waiter: asyncio.Future[TurnResult] | None = None
-        async with entry.turn_lock:
-            if entry.dropped:
-                # Deactivated or fenced while this message waited: activate again and retry.
-                return await self.deliver_envelope(envelope)
-            if entry.paused:
-                waiter = await self._park(entry, envelope)
-            else:
-                return await self._turn(entry, envelope, info, bound)
-        # Parked: wait, outside the turn lock, until a resume replays the message.
-        return await waiter
-
-    async def _turn(self, entry: _Entry, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]) -> TurnResult:
-        """The gates after pause, then the handler (caller holds the turn lock)."""
-        identity = envelope.target
-        if envelope.fence is not None and envelope.conversation is not None:
-            previous = entry.fences.high_water(envelope.conversation)
-            if not entry.fences.accept(envelope.conversation, envelope.fence, time.time()):
-                current = entry.fences.high_water(envelope.conversation) or 0
-                error = StaleFencingTokenError(identity=identity, presented=envelope.fence, current=current)
-                await self._dead_letter(envelope, DeadLetterReason.STALE_FENCE, error.message, attempts=0)
-                raise error
-            if previous != envelope.fence:
-                # A raised high-water mark must outlive this owner even when the turn changes no State.
-                entry.dirty = True
-        key = envelope.dedup_key()
-        if key is not None:
-            original = entry.dedup.get(key)
-            if original is not None:
-                self._counters["duplicates"] += 1
-                value, usage = cloudpickle.loads(original)
-                return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, duplicate=True)
-        if envelope.deadline is not None and time.time() > envelope.deadline:
-            error = DeadlineExceededError(identity=identity, method=envelope.method,
-                                          timeout=max(envelope.deadline - envelope.sent_at, 0.0))
-            await self._dead_letter(envelope, DeadLetterReason.DEADLINE_EXCEEDED, error.message, attempts=0)
-            raise error
-        await self._ensure_healthy_lease(entry)
-        value, usage = await self._run_with_retries(entry, envelope, info, bound)
-        if key is not None:
-            reply = cloudpickle.dumps((value, usage))
-            entry.dedup.insert(key, reply)
-            entry.pending_dedup.append((key, reply))
-            entry.dirty = True
-        if entry.dirty and entry.spec.durability is Durability.EVERY_TURN:
-            await self._commit(entry)
-        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
-
-    async def _run_with_retries(
-        self, entry: _Entry, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]
-    ) -> tuple[Any, Usage]:
-        policy = entry.spec.retry
-        for attempt in range(policy.max_attempts):
-            before = entry.agent.state.model_copy(deep=True)
-            self._counters["turns"] += 1
-            entry.last_used = self._clock()
-            try:
-                outcome = await run_handler(info, entry.agent, bound)
-            except Exception as error:
-                # A failed attempt leaves State as it was: the next one starts from the same place.
-                entry.agent.state = before
-                self._counters["handler_errors"] += 1
-                retry = is_retryable(error) and attempt + 1 < policy.max_attempts
-                if retry:
-                    await asyncio.sleep(policy.delay_for(attempt))
-                    continue
-                failure = HandlerError(
-                    identity=envelope.target,
-                    method=envelope.method,
-                    remote_type=f"{type(error).__module__}.{type(error).__qualname__}",
-                    remote_message=str(error),
-                    remote_traceback=traceback.format_exc(),
-                )
-                reason = DeadLetterReason.RETRIES_EXHAUSTED if is_retryable(error) else DeadLetterReason.REJECTED
-                await self._dead_letter(envelope, reason, failure.message, attempts=attempt + 1)
-                raise failure from None
-            # A turn that changed nothing (a read) needs no checkpoint.
-            if entry.agent.state != before:
-                entry.dirty = True
-            if isinstance(outcome, Reply):
-                return outcome.value, outcome.usage
-            return outcome, Usage()
-        raise AssertionError("unreachable: the last attempt either returns or raises")
-
-    async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
-        self._counters["dead_letters"] += 1
-        try:
-            payload = cloudpickle.dumps(envelope)
-        except Exception as problem:  # unpicklable arguments: keep what can be kept, readably
-            payload = cloudpickle.dumps(dataclasses.replace(
-                envelope, args=(), kwargs={"unpicklable_arguments": repr((envelope.args, envelope.kwargs))[:2000]}
-            ))
-            error = f"{error} (arguments could not be stored: {problem})"
-        try:
-            await self._ledger.add_dead_letter(
-                identity=envelope.target, message_id=envelope.message_id, envelope=payload, reason=reason.value,
-                error=error, attempts=attempts,
-            )
-        except Exception as problem:
-            log.error("could not record dead letter for %s.%s: %s", envelope.target, envelope.method, problem)
-
-    # -- pause and resume -----------------------------------------------------------
-
-    async def _park(self, entry: _Entry, envelope: Envelope) -> asyncio.Future[TurnResult]:
-        """Hold ``envelope`` durably (caller holds the turn lock); returns what its caller awaits."""
-        waiter = self._parked_waiters.get(envelope.message_id)
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-            self._parked_waiters[envelope.message_id] = waiter
-        await self._ledger.park(
-            identity=envelope.target, fencing_token=entry.grant.fencing_token, message_id=envelope.message_id,
-            envelope=cloudpickle.dumps(envelope),
-        )
-        self._counters["parked"] += 1
-        return waiter
-
-    async def pause(self, identity: str) -> bool:
-        """Park every later message of ``identity`` durably until :meth:`resume`."""
-        entry = self._entries.get(identity) or await self._activate(identity)
-        async with entry.turn_lock:
-            await self._ledger.set_paused(identity=identity, fencing_token=entry.grant.fencing_token, paused=True)
-            entry.paused = True
-        self._emit(identity, EventKind.PAUSED)
-        return True
-
-    async def resume(self, identity: str) -> int:
-        """Replay parked messages oldest first through the same gates, then accept new work.
-
-        Messages that arrive during the replay are parked behind the older ones, so the
-        order holds. A replayed message whose handler fails is dead-lettered like any
-        other; it is never silently dropped. Returns how many messages were replayed.
-        """
-        entry = self._entries.get(identity) or await self._activate(identity)
-        replayed = 0
-        while True:
-            batch = await self._ledger.parked(identity, limit=100)
-            async with entry.turn_lock:
-                if entry.dropped:
-                    raise LeaseLostError(identity=identity, detail="the agent was dropped while resuming")
-                if not batch:
-                    # Nothing is parked and we hold the turn lock, so no message can park now.
-                    await self._ledger.set_paused(
-                        identity=identity, fencing_token=entry.grant.fencing_token, paused=False
-                    )
-                    entry.paused = False
-                    break
-                for stored in batch:
-                    await self._replay(entry, stored.id, cloudpickle.loads(stored.envelope))
-                    replayed += 1
-        self._emit(identity, EventKind.RESUMED)
-        return replayed
-
-    async def _replay(self, entry: _Entry, seq: int, envelope: Envelope) -> None:
-        waiter = self._parked_waiters.pop(envelope.message_id, None)
-        info = entry.agent.__rayfleet_handlers__.get(envelope.method)
-        try:
-            if info is None:
-                raise UnknownHandlerError(
-                    identity=envelope.target, method=envelope.method, available=type(entry.agent).handler_names()
-                )
-            result = await self._turn(entry, envelope, info, info.bind(envelope.target, envelope.args, envelope.kwargs))
-        except (LeaseLostError, StaleCheckpointVersionError) as error:
-            # Ownership is gone: leave the message parked for the next owner.
-            if waiter is not None:
-                self._parked_waiters[envelope.message_id] = waiter
-            raise LeaseLostError(identity=envelope.target, detail=str(error)) from error
-        except RayfleetError as error:
-            if isinstance(error, (UnknownHandlerError, InvalidArgumentsError)):
-                await self._dead_letter(envelope, DeadLetterReason.DECODE_FAILED, error.message, attempts=0)
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(error)
-        else:
-            if waiter is not None and not waiter.done():
-                waiter.set_result(result)
-        # Handled (or dead-lettered): only now is the parked copy forgotten.
-        await self._ledger.unpark(identity=envelope.target, fencing_token=entry.grant.fencing_token, seq=seq)
-
-    async def cancel_parked(self, identity: str) -> int:
-        """Move every parked message of ``identity`` to the dead letters (reason CANCELLED)."""
-        entry = self._entries.get(identity) or await self._activate(identity)
-        async with entry.turn_lock:
-            parked = await self._ledger.parked(identity, limit=1_000_000)
-            count = await self._ledger.cancel_parked(identity=identity, fencing_token=entry.grant.fencing_token)
-        for stored in parked:
-            waiter = self._parked_waiters.pop(stored.message_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(InvalidStateError(
-                    identity=identity, state="PAUSED", operation="deliver",
-                    hint="The message was parked and then cancelled; it is in the dead-letter log.",
-                ))
-        return count
-
     async def send_from(self, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any:
         if self._router is None:
             raise RuntimeError("this host has no router; agents cannot send to peers here")
         return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs)
 
-    async def _ensure_healthy_lease(self, entry: _Entry) -> None:
+    async def _ensure_healthy_lease(self, entry: HostedAgent) -> None:
         remaining = entry.grant.ttl - (self._clock() - entry.installed_at)
         if lease_is_healthy(entry.grant.ttl, remaining):
             return
@@ -554,7 +258,7 @@ class HostRuntime:
         self._counters["lease_renewals"] += 1
         entry.grant, entry.installed_at = grant, self._clock()
 
-    async def _commit(self, entry: _Entry) -> int:
+    async def _commit(self, entry: HostedAgent) -> int:
         """Checkpoint ``entry`` now (caller holds its turn lock); returns the new version."""
         version = entry.checkpoint_version + 1
         keys, entry.pending_dedup = entry.pending_dedup, []
@@ -582,13 +286,13 @@ class HostRuntime:
         entry = self._entries.get(identity) or await self._activate(identity)
         return entry.record
 
-    async def _activate(self, identity: str) -> _Entry:
+    async def _activate(self, identity: str) -> HostedAgent:
         pending = self._activating.get(identity)
         if pending is not None:
             return await asyncio.shield(pending)
         if self.draining:
             raise HostDraining(identity)
-        future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[HostedAgent] = asyncio.get_running_loop().create_future()
         self._activating[identity] = future
         try:
             result = await self._acquire(identity)
@@ -638,7 +342,7 @@ class HostRuntime:
                     if not future.done():
                         future.set_result(results[identity])
 
-    async def _materialize(self, activation: Activation) -> _Entry:
+    async def _materialize(self, activation: Activation) -> HostedAgent:
         """Build the agent from an acquired lease; on any failure the lease is released."""
         view, grant = activation.view, activation.grant
         identity = view.identity
@@ -672,7 +376,7 @@ class HostRuntime:
                     raise
                 agent.state = state
                 version = view.snapshot.version
-            entry = _Entry(
+            entry = HostedAgent(
                 spec=spec, agent=agent, record=view.continuity, grant=grant, installed_at=installed_at,
                 checkpoint_version=version, last_used=installed_at, last_commit=installed_at, paused=view.paused,
                 dedup=DedupWindow(spec.dedup_capacity),
@@ -746,7 +450,7 @@ class HostRuntime:
         results = await asyncio.gather(*(one(identity) for identity in list(self._entries)))
         return sum(results)
 
-    async def _retire_entry(self, entry: _Entry, *, checkpoint: bool) -> None:
+    async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool) -> None:
         """Take ``entry`` out of service (turn lock held); its lease is released."""
         if checkpoint and entry.dirty:
             await self._commit(entry)
@@ -755,7 +459,7 @@ class HostRuntime:
                 await entry.agent.on_deactivate()
         await self._drop(entry, reason="", release=True)
 
-    async def _drop(self, entry: _Entry, *, reason: str, release: bool = False) -> None:
+    async def _drop(self, entry: HostedAgent, *, reason: str, release: bool = False) -> None:
         identity = entry.spec.identity
         entry.dropped = True
         if self._entries.get(identity) is entry:
@@ -905,7 +609,7 @@ class HostRuntime:
                 if due or idle:
                     asyncio.get_running_loop().create_task(self._housekeep(entry, idle=idle))
 
-    async def _housekeep(self, entry: _Entry, *, idle: bool) -> None:
+    async def _housekeep(self, entry: HostedAgent, *, idle: bool) -> None:
         try:
             if idle:
                 await self.deactivate(entry.spec.identity)
@@ -927,13 +631,13 @@ class HostRuntime:
         return count
 
 
-def _encode_extra(entry: _Entry) -> bytes:
+def _encode_extra(entry: HostedAgent) -> bytes:
     """Runtime metadata saved beside the State: the conversation fence high-water marks."""
     fences = entry.fences.export()
     return cloudpickle.dumps({"fences": fences}) if fences else b""
 
 
-def _decode_extra(entry: _Entry, extra: bytes) -> None:
+def _decode_extra(entry: HostedAgent, extra: bytes) -> None:
     if extra:
         entry.fences.restore(cloudpickle.loads(extra).get("fences", {}))
 

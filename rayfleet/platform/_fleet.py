@@ -23,7 +23,13 @@ from ..errors import (
     UnknownIdentityError,
 )
 from ..identity._agent import Agent
-from ..identity._delivery import DeadLetter, DeadLetterReason, Envelope, ParkedMessage, RetryPolicy
+from ..identity._delivery import (
+    DeadLetter,
+    DeadLetterReason,
+    Envelope,
+    ParkedMessage,
+    RetryPolicy,
+)
 from ..identity._ledger import HostView, IdentityView
 from ..identity._names import validate_identity
 from ..identity._runtime import HostStatistics, holder_host

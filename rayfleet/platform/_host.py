@@ -14,7 +14,13 @@ import ray
 from ..errors import InvalidSpecError, RayfleetError
 from ..identity._delivery import Envelope
 from ..identity._events import EventSubscription
-from ..identity._runtime import HostDraining, HostRuntime, HostStatistics, OwnedElsewhere, holder_host
+from ..identity._runtime import (
+    HostDraining,
+    HostRuntime,
+    HostStatistics,
+    OwnedElsewhere,
+    holder_host,
+)
 from ..identity._snapshots import SnapshotStore
 from ..identity._types import IdentityEvent
 from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient

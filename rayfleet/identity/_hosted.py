@@ -1,0 +1,58 @@
+"""What a host keeps per activated agent, and the values a turn produces."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._agent import Agent, Usage
+from ._delivery import DedupWindow, FenceMap
+from ._spec import AgentSpec
+from ._types import ContinuityRecord, LeaseGrant
+
+
+class OwnedElsewhere(Exception):
+    """Internal signal: another live holder owns the identity; the caller should go there."""
+
+    def __init__(self, identity: str, holder: str) -> None:
+        super().__init__(identity, holder)
+        self.identity = identity
+        self.holder = holder
+
+
+class HostDraining(Exception):
+    """Internal signal: this host takes no new activations; route elsewhere."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnResult:
+    """What one delivered turn produced."""
+
+    value: Any
+    usage: Usage
+    checkpoint_version: int
+    duplicate: bool = False
+    """True when this is the remembered reply of an earlier turn with the same idempotency key."""
+
+
+@dataclass(slots=True)
+class HostedAgent:
+    """One agent activated on a host: its spec, instance, lease and delivery bookkeeping."""
+
+    spec: AgentSpec
+    agent: Agent
+    record: ContinuityRecord
+    grant: LeaseGrant
+    installed_at: float
+    checkpoint_version: int
+    turn_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = 0.0
+    dirty: bool = False
+    last_commit: float = 0.0
+    dropped: bool = False
+    paused: bool = False
+    dedup: DedupWindow = field(default_factory=DedupWindow)
+    pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
+    """Keys remembered since the last commit; they are committed with the next checkpoint."""
+    fences: FenceMap = field(default_factory=FenceMap)
