@@ -51,6 +51,7 @@ class DeliveryPipeline:
     _ledger: LedgerClient
     _counters: dict[str, int]
     _parked_waiters: dict[str, asyncio.Future[TurnResult]]
+    _refused_internal: set[str]
 
     async def _activate(self, identity: str) -> HostedAgent:
         raise NotImplementedError
@@ -106,7 +107,12 @@ class DeliveryPipeline:
         identity = envelope.target
         entry = self._entries.get(identity)
         if entry is None:
-            entry = await self._activate(identity)
+            try:
+                entry = await self._activate(identity)
+            except InvalidStateError:
+                if envelope.sender is None and identity in self._refused_internal:
+                    raise NotAddressableError(identity=identity) from None
+                raise
         if envelope.sender is None and entry.spec.addressability is Addressability.INTERNAL_ONLY:
             raise NotAddressableError(identity=identity)
         info = entry.agent.__rayfleet_handlers__.get(envelope.method)

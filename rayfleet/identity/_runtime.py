@@ -66,6 +66,7 @@ from ._types import (
     PERSISTED_BROKEN,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
+    Addressability,
     ContinuityRecord,
     Durability,
     EventKind,
@@ -184,6 +185,7 @@ class HostRuntime(DeliveryPipeline):
         self._acquire_flush: asyncio.Task[None] | None = None
         self._spec_cache: dict[str, AgentSpec] = {}
         self._parked_waiters: dict[str, asyncio.Future[TurnResult]] = {}
+        self._refused_internal: set[str] = set()
         self._events = EventHub()
         self._committer = GroupCommitter(writer=self.holder.replace("@", "-"), ledger=ledger, snapshots=snapshots)
         self._tasks: list[asyncio.Task[None]] = []
@@ -348,6 +350,10 @@ class HostRuntime(DeliveryPipeline):
         identity = view.identity
         installed_at = self._clock()
         try:
+            if view.addressability == Addressability.INTERNAL_ONLY.value and view.lifecycle != PERSISTED_LIVE:
+                # Remember it so an outside caller is refused as NOT ADDRESSABLE before it
+                # learns anything about the lifecycle of an internal agent.
+                self._refused_internal.add(identity)
             if view.lifecycle == PERSISTED_RETIRED:
                 raise InvalidStateError(identity=identity, state=LifecycleState.RETIRING.value, operation="call")
             if view.lifecycle == PERSISTED_BROKEN:

@@ -51,7 +51,7 @@ def register(ledger: Ledger, identity: str, **options: object) -> None:
     options.setdefault("retry", FAST_RETRY)
     spec = rf.AgentSpec(identity=identity, agent=Account, **options)  # type: ignore[arg-type]
     ledger.register(identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
-                    agent_class=spec.agent_class_path, labels={})
+                    agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value)
 
 
 @pytest.fixture
@@ -208,3 +208,14 @@ async def test_cancel_parked_moves_work_to_dead_letters(ledger: Ledger, tmp_path
         await runtime.resume("acct/1")
         assert (await runtime.deliver("acct/1", "deposit", (), {"amount": 0})).value == 0
     assert reasons(ledger) == ["CANCELLED"]
+
+
+async def test_addressability_is_checked_before_lifecycle(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    register(ledger, "acct/inner", addressability=rf.Addressability.INTERNAL_ONLY)
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.retire("acct/inner")
+        with pytest.raises(rf.NotAddressableError):
+            await runtime.deliver("acct/inner", "deposit", (), {"amount": 1})
+        with pytest.raises(rf.InvalidStateError, match="RETIRING"):
+            await runtime.deliver("acct/inner", "deposit", (), {"amount": 1}, sender="acct/peer")

@@ -45,7 +45,7 @@ def register(ledger: Ledger, identity: str, **options: object) -> rf.AgentSpec:
     spec = rf.AgentSpec(identity=identity, agent=Counter, **options)  # type: ignore[arg-type]
     ledger.register(
         identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
-        agent_class=spec.agent_class_path, labels=spec.labels,
+        agent_class=spec.agent_class_path, labels=spec.labels, addressability=spec.addressability.value,
     )
     return spec
 
