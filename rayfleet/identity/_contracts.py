@@ -66,6 +66,9 @@ class LedgerClient:
     async def cancel_parked(self, *, identity: str, fencing_token: int) -> int:
         return await self._call("cancel_parked", identity=identity, fencing_token=fencing_token)
 
+    async def wired_peers(self, identities: list[str]) -> dict[str, tuple[str, ...]]:
+        return await self._call("wired_peers", identities=identities)
+
     async def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
     ) -> int:

@@ -56,3 +56,5 @@ class HostedAgent:
     pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
     """Keys remembered since the last commit; they are committed with the next checkpoint."""
     fences: FenceMap = field(default_factory=FenceMap)
+    peers: tuple[str, ...] = ()
+    """Identities this agent is wired to now (live edges in the ledger)."""

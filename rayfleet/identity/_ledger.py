@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS identities (
     agent_class TEXT NOT NULL,
     labels TEXT NOT NULL,
     addressability TEXT NOT NULL,
+    peers TEXT NOT NULL DEFAULT '[]',
     lifecycle TEXT NOT NULL,
     reason TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL
@@ -119,6 +120,17 @@ CREATE TABLE IF NOT EXISTS dedup (
     seq INTEGER NOT NULL,
     PRIMARY KEY (identity, key)
 );
+CREATE TABLE IF NOT EXISTS desired_edges (
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    PRIMARY KEY (a, b)
+);
+CREATE TABLE IF NOT EXISTS edges (
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    managed INTEGER NOT NULL,
+    PRIMARY KEY (a, b)
+);
 CREATE TABLE IF NOT EXISTS hosts (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -134,6 +146,8 @@ class RegisterOutcome:
 
     created: bool
     lifecycle: str
+    awaited: bool = False
+    """Some other identity already declares this one as a peer (its edge can be wired now)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +175,10 @@ class IdentityView:
     snapshot: SnapshotPointer | None
     lease: LeaseView | None
     paused: bool = False
+    declared_peers: tuple[str, ...] = ()
+    """Peers named in the spec (desired edges)."""
+    wired_peers: tuple[str, ...] = ()
+    """Peers it is wired to now (live edges), which ``self.peers`` shows."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,7 +275,7 @@ class Ledger:
 
     def register(
         self, *, identity: str, spec: bytes, fingerprint: str, agent_class: str, labels: Mapping[str, str],
-        addressability: str = "ADDRESSABLE",
+        addressability: str = "ADDRESSABLE", peers: Iterable[str] = (),
     ) -> RegisterOutcome:
         """Record a spawned identity; idempotent for an identical spec.
 
@@ -277,25 +295,54 @@ class Ledger:
                     )
                 return RegisterOutcome(created=False, lifecycle=row[1])
             db.execute(
-                "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, '', ?)",
-                (identity, spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability, PERSISTED_LIVE,
-                 self._clock()),
+                "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
+                (identity, spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability,
+                 json.dumps(sorted(peers)), PERSISTED_LIVE, self._clock()),
             )
-            return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE)
+            # Peers are stored as a JSON list of quoted names, so a quoted match is exact.
+            awaited = db.execute(
+                "SELECT 1 FROM identities WHERE identity != ? AND peers LIKE ? LIMIT 1",
+                (identity, f'%{json.dumps(identity)}%'),
+            ).fetchone() is not None
+            return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=awaited)
 
     def update_spec(
         self, *, identity: str, spec: bytes, fingerprint: str, agent_class: str, labels: Mapping[str, str],
-        addressability: str = "ADDRESSABLE",
+        addressability: str = "ADDRESSABLE", peers: Iterable[str] = (),
     ) -> None:
-        """Replace the spec of an existing identity (used by declarative apply)."""
+        """Replace the spec of an existing identity."""
+        self.apply_specs(creates=[], updates=[{
+            "identity": identity, "spec": spec, "fingerprint": fingerprint, "agent_class": agent_class,
+            "labels": labels, "addressability": addressability, "peers": tuple(peers),
+        }])
+
+    def apply_specs(self, *, creates: list[dict[str, object]], updates: list[dict[str, object]]) -> None:
+        """Create and update many identities in one transaction (a roster applies whole or not at all).
+
+        Each item has the keyword arguments of :meth:`register`.
+        """
         with self._transaction() as db:
-            changed = db.execute(
-                "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ? "
-                "WHERE identity = ?",
-                (spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability, identity),
-            ).rowcount
-            if not changed:
-                raise UnknownIdentityError(identity=identity)
+            for item in creates:
+                if db.execute("SELECT 1 FROM identities WHERE identity = ?", (item["identity"],)).fetchone():
+                    raise InvalidSpecError(f"identity {item['identity']!r} already exists", subject="roster")
+                db.execute(
+                    "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
+                    (item["identity"], item["spec"], item["fingerprint"], item["agent_class"],
+                     json.dumps(dict(item.get("labels", {}))),  # type: ignore[call-overload]
+                     item.get("addressability", "ADDRESSABLE"), json.dumps(sorted(item.get("peers", ()))),  # type: ignore[call-overload]
+                     PERSISTED_LIVE, self._clock()),
+                )
+            for item in updates:
+                changed = db.execute(
+                    "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ?, "
+                    "peers = ? WHERE identity = ?",
+                    (item["spec"], item["fingerprint"], item["agent_class"],
+                     json.dumps(dict(item.get("labels", {}))),  # type: ignore[call-overload]
+                     item.get("addressability", "ADDRESSABLE"), json.dumps(sorted(item.get("peers", ()))),  # type: ignore[call-overload]
+                     item["identity"]),
+                ).rowcount
+                if not changed:
+                    raise UnknownIdentityError(identity=str(item["identity"]))
 
     def resolve(self, identities: Iterable[str]) -> dict[str, IdentityView]:
         """Views of the given identities; unknown ones are absent from the result."""
@@ -318,7 +365,7 @@ class Ledger:
 
     def _view(self, db: sqlite3.Connection, identity: str) -> IdentityView | None:
         row = db.execute(
-            "SELECT spec, fingerprint, agent_class, labels, lifecycle, reason, addressability FROM identities "
+            "SELECT spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, peers FROM identities "
             "WHERE identity = ?",
             (identity,),
         ).fetchone()
@@ -338,6 +385,8 @@ class Ledger:
             snapshot=pointer,
             lease=self._lease(db, identity),
             paused=db.execute("SELECT 1 FROM paused WHERE identity = ?", (identity,)).fetchone() is not None,
+            declared_peers=tuple(json.loads(row[7])),
+            wired_peers=tuple(self._wired_peers(db, identity)),
         )
 
     def _continuity(self, db: sqlite3.Connection, identity: str) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
@@ -533,6 +582,58 @@ class Ledger:
             (row[0], row[1]) for row in db.execute("SELECT key, reply FROM dedup WHERE identity = ? ORDER BY seq", (identity,))
         ]
 
+    # -- topology -------------------------------------------------------------------
+
+    @staticmethod
+    def _wired_peers(db: sqlite3.Connection, identity: str) -> list[str]:
+        return [
+            row[0] for row in db.execute(
+                "SELECT b FROM edges WHERE a = ? UNION SELECT a FROM edges WHERE b = ? ORDER BY 1", (identity, identity)
+            )
+        ]
+
+    def wired_peers(self, identities: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The live peers of each identity."""
+        with self._lock:
+            return {identity: tuple(self._wired_peers(self._db, identity)) for identity in identities}
+
+    def set_desired_edge(self, *, a: str, b: str, desired: bool) -> None:
+        """Add or remove an explicit desired edge (``a < b``, canonical)."""
+        with self._transaction() as db:
+            for identity in (a, b):
+                if db.execute("SELECT 1 FROM identities WHERE identity = ?", (identity,)).fetchone() is None:
+                    raise UnknownIdentityError(identity=identity)
+            if desired:
+                db.execute("INSERT OR IGNORE INTO desired_edges VALUES (?, ?)", (a, b))
+            else:
+                db.execute("DELETE FROM desired_edges WHERE a = ? AND b = ?", (a, b))
+
+    def topology(self) -> dict[str, object]:
+        """Everything reconciliation needs, read in one go (one consistent view)."""
+        with self._lock:
+            rows = self._db.execute("SELECT identity, lifecycle, peers FROM identities ORDER BY identity").fetchall()
+            return {
+                "identities": {row[0]: row[1] for row in rows},
+                "declared": {row[0]: tuple(json.loads(row[2])) for row in rows},
+                "explicit": [tuple(r) for r in self._db.execute("SELECT a, b FROM desired_edges ORDER BY a, b")],
+                "live": [(r[0], r[1], bool(r[2])) for r in self._db.execute("SELECT a, b, managed FROM edges ORDER BY a, b")],
+            }
+
+    def apply_topology(
+        self, *, wire: list[tuple[str, str]], adopt: list[tuple[str, str]], unwire: list[tuple[str, str]],
+        forget: list[tuple[str, str]], link: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Change live edges in one transaction: wire (managed), adopt, unwire, forget, link (unmanaged)."""
+        with self._transaction() as db:
+            for a, b in wire:
+                db.execute("INSERT INTO edges VALUES (?, ?, 1) ON CONFLICT(a, b) DO UPDATE SET managed = 1", (a, b))
+            for a, b in adopt:
+                db.execute("UPDATE edges SET managed = 1 WHERE a = ? AND b = ?", (a, b))
+            for a, b in [*unwire, *forget]:
+                db.execute("DELETE FROM edges WHERE a = ? AND b = ? AND managed = 1", (a, b))
+            for a, b in link or []:
+                db.execute("INSERT OR IGNORE INTO edges VALUES (?, ?, 0)", (a, b))
+
     # -- pause, parking and dead letters -------------------------------------------
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
@@ -703,6 +804,8 @@ class Ledger:
             db.execute("DELETE FROM identities WHERE identity = ?", (identity,))
             db.execute("DELETE FROM dedup WHERE identity = ?", (identity,))
             db.execute("DELETE FROM paused WHERE identity = ?", (identity,))
+            db.execute("DELETE FROM edges WHERE a = ? OR b = ?", (identity, identity))
+            db.execute("DELETE FROM desired_edges WHERE a = ? OR b = ?", (identity, identity))
             # Parked work of a deleted identity can never run: keep it as dead letters.
             db.execute(
                 "INSERT INTO dead_letters (identity, message_id, envelope, reason, error, attempts, at) "

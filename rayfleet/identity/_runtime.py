@@ -47,6 +47,7 @@ from ..errors import (
     InvalidSpecError,
     InvalidStateError,
     LeaseLostError,
+    NotWiredError,
     RayfleetError,
     SnapshotError,
     StaleCheckpointVersionError,
@@ -74,6 +75,7 @@ from ._types import (
     LeaseDenied,
     LeaseGrant,
     LifecycleState,
+    TopologyPolicy,
     lease_is_healthy,
 )
 
@@ -137,7 +139,7 @@ class _AgentContext:
 
     @property
     def peers(self) -> tuple[str, ...]:
-        return self._entry.spec.peers
+        return self._entry.peers
 
     async def send(self, peer: str, method: str, /, **kwargs: Any) -> Any:
         return await self._runtime.send_from(self._entry.spec.identity, peer, method, kwargs)
@@ -244,6 +246,9 @@ class HostRuntime(DeliveryPipeline):
         return identity in self._entries
 
     async def send_from(self, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any:
+        entry = self._entries.get(sender)
+        if entry is not None and entry.spec.topology is TopologyPolicy.ENFORCED and target not in entry.peers:
+            raise NotWiredError(sender=sender, target=target)
         if self._router is None:
             raise RuntimeError("this host has no router; agents cannot send to peers here")
         return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs)
@@ -385,7 +390,7 @@ class HostRuntime(DeliveryPipeline):
             entry = HostedAgent(
                 spec=spec, agent=agent, record=view.continuity, grant=grant, installed_at=installed_at,
                 checkpoint_version=version, last_used=installed_at, last_commit=installed_at, paused=view.paused,
-                dedup=DedupWindow(spec.dedup_capacity),
+                dedup=DedupWindow(spec.dedup_capacity), peers=view.wired_peers,
             )
             for key, reply in activation.dedup:
                 entry.dedup.insert(key, reply)
@@ -625,6 +630,18 @@ class HostRuntime(DeliveryPipeline):
                     await self._commit(entry)
         except RayfleetError as error:
             log.warning("background checkpoint of %s failed: %s", entry.spec.identity, error)
+
+    async def refresh_peers(self) -> int:
+        """Reload the wired peers of every agent hosted here (after the topology changed)."""
+        identities = list(self._entries)
+        if not identities:
+            return 0
+        wired = await self._ledger.wired_peers(identities)
+        for identity, peers in wired.items():
+            entry = self._entries.get(identity)
+            if entry is not None:
+                entry.peers = tuple(peers)
+        return len(wired)
 
     async def flush(self) -> int:
         """Commit every agent with unsaved State now; returns how many were committed."""

@@ -37,6 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--identity", default=None)
     replay = letter_commands.add_parser("replay")
     replay.add_argument("letter_id", type=int)
+    apply = commands.add_parser("apply", help="make the fleet match a roster YAML file (idempotent)")
+    apply.add_argument("roster")
+    apply.add_argument("--dry-run", action="store_true", help="report what would change, change nothing")
+    apply.add_argument("--prune", action="store_true", help="retire identities the roster does not list")
+    topology = commands.add_parser("topology", help="peer wiring")
+    topology_commands = topology.add_subparsers(dest="topology_command", required=True)
+    export = topology_commands.add_parser("export", help="print the topology as dot, mermaid or json")
+    export.add_argument("--format", default="dot", choices=("dot", "mermaid", "json"))
+    topology_commands.add_parser("reconcile", help="wire and unwire edges to match the specs")
     commands.add_parser("hosts", help="list host actors")
     gc = commands.add_parser("gc", help="delete snapshot files no identity references")
     gc.add_argument("--min-age", type=float, default=60.0)
@@ -88,6 +97,13 @@ def _run(arguments: argparse.Namespace) -> int:
             _print([asdict(letter) for letter in fleet.dead_letters(arguments.identity)])
         elif arguments.command == "dead-letters":
             _print(fleet.replay_dead_letter(arguments.letter_id))
+        elif arguments.command == "apply":
+            report = fleet.apply(arguments.roster, dry_run=arguments.dry_run, prune=arguments.prune)
+            _print(asdict(report))
+        elif arguments.command == "topology" and arguments.topology_command == "export":
+            print(fleet.topology.export(arguments.format))
+        elif arguments.command == "topology":
+            _print(asdict(fleet.topology.reconcile()))
         elif arguments.command == "hosts":
             _print([asdict(host) for host in fleet.hosts()])
         elif arguments.command == "gc":

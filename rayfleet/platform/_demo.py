@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import ray
 
+from ..demo_agents import Counter, Notebook
 from ..errors import InvalidStateError
-from ._demo_agents import Counter, Notebook
 from ._fleet import connect
 
 DEMO_NAMESPACE = "rayfleet-demo"

@@ -51,6 +51,7 @@ from ..identity._types import (
 from ._host import AgentHost
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, SyncLedger
 from ._routing import Courier, HostDirectory
+from ._topology import ApplyReport, TopologyClient, apply_roster
 
 log = logging.getLogger("rayfleet.fleet")
 
@@ -150,6 +151,8 @@ class Fleet:
         ray.get(ledger_handle.ping.remote())
         self._courier = Courier(HostDirectory(config.namespace), ledger_handle)
         self._snapshots: SnapshotStore | None = None
+        self.topology = TopologyClient(self)
+        """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self._ensure_hosts()
 
     # -- hosts ----------------------------------------------------------------------
@@ -247,17 +250,37 @@ class Fleet:
                 checkpoint_interval=checkpoint_interval, display_name=display_name, context=context or {},
                 retry=retry or RetryPolicy(), dedup_capacity=dedup_capacity,
             )
-        self._register(spec)
+        outcome = self._ledger.register(**self._spec_record(spec))
+        if outcome.created and (spec.peers or outcome.awaited):
+            self.topology.reconcile()
         ref = AgentRef(self, spec.identity)
         if eager:
             self._courier.route_sync(spec.identity, "activate")
         return ref
 
-    def _register(self, spec: AgentSpec) -> None:
-        self._ledger.register(
-            identity=spec.identity, spec=pickle_spec(spec), fingerprint=spec.fingerprint(),
-            agent_class=spec.agent_class_path, labels=spec.labels, addressability=spec.addressability.value,
-        )
+    def _spec_record(self, spec: AgentSpec) -> dict[str, Any]:
+        """The ledger's columns for a spec (the spec itself travels pickled)."""
+        return {
+            "identity": spec.identity, "spec": pickle_spec(spec), "fingerprint": spec.fingerprint(),
+            "agent_class": spec.agent_class_path, "labels": dict(spec.labels),
+            "addressability": spec.addressability.value, "peers": tuple(spec.peers),
+        }
+
+    def apply(
+        self, roster: str | os.PathLike[str] | list[AgentSpec] | list[dict[str, Any]], *, dry_run: bool = False,
+        prune: bool = False,
+    ) -> ApplyReport:
+        """Make the fleet match a roster (a YAML file or a list of specs), idempotently.
+
+        Creates missing identities, updates changed specs (labels, peers,
+        addressability, ...), and with ``prune=True`` retires identities the roster
+        does not list; then reconciles the topology. ``dry_run=True`` only reports.
+
+        Raises:
+            InvalidSpecError: naming the file and line, or the identity, of the first
+                problem; nothing is applied.
+        """
+        return apply_roster(self, roster, dry_run=dry_run, prune=prune)
 
     def agent(self, identity: str) -> AgentRef:
         """A ref to an existing agent by name (existence is checked on first use)."""
@@ -281,21 +304,27 @@ class Fleet:
         """Statuses of all identities (sorted), or those whose labels include ``labels``."""
         return [_status(view) for view in self._ledger.call("list_identities", labels=dict(labels or {}))]
 
-    def retire(self, identity: str) -> int:
+    def retire(self, identity: str, *, reconcile: bool = True) -> int:
         """Checkpoint and deactivate; calls then fail with ``InvalidStateError`` until respawn.
 
-        Returns the fencing token the retirement was written with.
+        Its managed peer edges are unwired. Returns the fencing token the retirement
+        was written with.
         """
-        return int(self._lifecycle(identity, "retire"))
+        token = int(self._lifecycle(identity, "retire"))
+        if reconcile:
+            self.topology.reconcile()
+        return token
 
     def respawn(self, identity: str) -> IdentityStatus:
-        """Bring a retired, broken or live identity back from its last committed State."""
+        """Bring a retired, broken or live identity back from its last committed State (and its edges)."""
         self._lifecycle(identity, "respawn")
+        self.topology.reconcile()
         return self.status(identity)
 
     def reset(self, identity: str) -> IdentityStatus:
-        """New generation and session, fresh State; the old State is discarded."""
+        """New generation and session, fresh State; the old State is discarded. Edges are kept."""
         self._lifecycle(identity, "reset")
+        self.topology.reconcile()
         return self.status(identity)
 
     def delete(self, identity: str) -> None:

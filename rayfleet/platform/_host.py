@@ -181,6 +181,10 @@ class AgentHost:
         await self.courier.ledger.call.remote("remove_host", {"name": self.name, "holder": self.runtime.holder})
         return count
 
+    async def refresh_peers(self) -> int:
+        await self.start()
+        return await self.runtime.refresh_peers()
+
     async def flush(self) -> int:
         await self.start()
         return await self.runtime.flush()

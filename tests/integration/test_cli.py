@@ -50,5 +50,12 @@ def test_cli_send_status_pause_and_dead_letters(storage: Path, capsys: pytest.Ca
         assert code == 0 and resumed == {"resumed": "greeter/1", "replayed": 0}
         code, error = run(capsys, *common, "status", "nobody/here")
         assert code == 2 and "unknown identity" in str(error)
+        roster = str(Path(__file__).resolve().parents[2] / "examples" / "team.yaml")
+        code, preview = run(capsys, *common, "apply", roster, "--dry-run")
+        assert code == 0 and preview["dry_run"] and len(preview["created"]) == 3  # type: ignore[index]
+        code, applied = run(capsys, *common, "apply", roster)
+        assert code == 0 and len(applied["topology"]["wired"]) == 2  # type: ignore[index]
+        assert main([*common, "topology", "export", "--format", "mermaid"]) == 0
+        assert "team/planner" in capsys.readouterr().out
     finally:
         fleet.shutdown(stop_actors=True)

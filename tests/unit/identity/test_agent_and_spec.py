@@ -80,9 +80,9 @@ def test_agent_must_be_an_agent_class() -> None:
 
 
 def test_agent_by_import_path() -> None:
-    spec = rf.AgentSpec(identity="a", agent="rayfleet.platform._demo_agents:Counter")
+    spec = rf.AgentSpec(identity="a", agent="rayfleet.demo_agents:Counter")
     assert spec.agent_class.__name__ == "Counter"
-    assert spec.agent_class_path == "rayfleet.platform._demo_agents:Counter"
+    assert spec.agent_class_path == "rayfleet.demo_agents:Counter"
 
 
 @pytest.mark.parametrize(
