@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import rayfleet as rf
+from rayfleet.demo_agents import Researcher
 
 ROSTER = Path(__file__).with_name("team.yaml")
 
@@ -23,8 +24,8 @@ def main() -> None:
         planner = fleet.agent("team/planner")
         for peer, finding in planner.call("plan", question="why is the sky blue?").items():
             print(f"  {peer}: {finding}")
-        print("  a peer outside the team:", planner.call("ask_peer", peer="team/outsider", question="hi")
-              if "team/outsider" in {s.identity for s in fleet.list()} else "(none spawned)")
+        fleet.spawn("team/outsider", Researcher)
+        print("  asking an agent outside the team:", planner.call("ask_peer", peer="team/outsider", question="hi"))
         print("applying again changes nothing:", not fleet.apply(ROSTER).changed)
         dot = fleet.topology.export("dot")
         target = Path(storage) / "team.dot"
