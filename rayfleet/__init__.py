@@ -50,7 +50,18 @@ from .identity import handler as handler
 from .platform import AgentRef as AgentRef
 from .platform import Fleet as Fleet
 from .platform import FleetConfig as FleetConfig
+from .platform import RunInfo as RunInfo
 from .platform import connect as connect
+from .workflow import AllOf as AllOf
+from .workflow import AnyOf as AnyOf
+from .workflow import Budget as Budget
+from .workflow import FirstOf as FirstOf
+from .workflow import Quorum as Quorum
+from .workflow import RunStatus as RunStatus
+from .workflow import Select as Select
+from .workflow import StepContext as StepContext
+from .workflow import Workflow as Workflow
+from .workflow import WorkflowOutcome as WorkflowOutcome
 
 __version__ = "0.1.0"
 
@@ -67,6 +78,18 @@ __all__ = [
     "State",
     "Usage",
     "handler",
+    # Workflows
+    "AllOf",
+    "AnyOf",
+    "Budget",
+    "FirstOf",
+    "Quorum",
+    "RunInfo",
+    "RunStatus",
+    "Select",
+    "StepContext",
+    "Workflow",
+    "WorkflowOutcome",
     # Delivery
     "DeadLetter",
     "DeadLetterReason",

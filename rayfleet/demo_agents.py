@@ -74,3 +74,57 @@ class Planner(rfi.Agent):
             return str(await self.send(peer, "research", question=question))
         except NotWiredError as error:
             return f"refused: {error.message}"
+
+
+class Booking(rfi.Agent):
+    """An airline or hotel desk: reserve and cancel, counting each effect once per call."""
+
+    class State(rfi.State):
+        reservations: dict[str, int] = {}
+        cancelled: list[str] = []
+        calls: int = 0
+
+    @rfi.handler
+    async def reserve(self, trip: str, nights: int = 1) -> dict[str, object]:
+        self.state.calls += 1
+        self.state.reservations = {**self.state.reservations, trip: nights}
+        return {"trip": trip, "by": self.identity, "nights": nights, "ok": True}
+
+    @rfi.handler
+    async def cancel(self, trip: str, **_: object) -> str:
+        self.state.reservations = {k: v for k, v in self.state.reservations.items() if k != trip}
+        self.state.cancelled = [*self.state.cancelled, trip]
+        return f"cancelled {trip}"
+
+    @rfi.handler
+    async def report(self) -> dict[str, object]:
+        return self.state.model_dump()
+
+
+class Reviewer(rfi.Agent):
+    """Scores a reservation; reports token usage like an LLM call would."""
+
+    class State(rfi.State):
+        reviews: int = 0
+
+    @rfi.handler
+    async def review(self, trip: str, **_: object) -> rfi.Reply:
+        self.state.reviews += 1
+        score = 3 + len(self.identity) % 3
+        return rfi.Reply({"score": score, "reviewer": self.identity}, usage=rfi.Usage(prompt_tokens=40,
+                                                                                      completion_tokens=10))
+
+
+class Bank(rfi.Agent):
+    """Charges a card; declines amounts over its limit."""
+
+    class State(rfi.State):
+        charged: list[str] = []
+        limit: int = 1000
+
+    @rfi.handler
+    async def charge(self, trip: str, amount: int = 100, **_: object) -> dict[str, object]:
+        if amount > self.state.limit:
+            raise ValueError(f"card declined: {amount} is over the limit of {self.state.limit}")
+        self.state.charged = [*self.state.charged, trip]
+        return {"ok": True, "trip": trip, "amount": amount}

@@ -65,6 +65,8 @@ class HandlerInfo:
     arguments_model: type[pydantic.BaseModel]
     is_coroutine: bool
     in_thread: bool
+    extra_keywords: str | None = None
+    """Name of the handler's ``**kwargs`` parameter, if it takes one (extras pass unvalidated)."""
 
     def bind(self, identity: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Validate call arguments; return the keyword arguments to call with.
@@ -77,6 +79,7 @@ class HandlerInfo:
         except TypeError as error:
             raise InvalidArgumentsError(identity=identity, method=self.name, detail=str(error)) from None
         given = {name: value for name, value in bound.arguments.items() if name != "self"}
+        extras = given.pop(self.extra_keywords, {}) if self.extra_keywords else {}
         try:
             validated = self.arguments_model(**given)
         except pydantic.ValidationError as error:
@@ -84,7 +87,7 @@ class HandlerInfo:
                 f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
             )
             raise InvalidArgumentsError(identity=identity, method=self.name, detail=detail) from None
-        return {name: getattr(validated, name) for name in given}
+        return {**{name: getattr(validated, name) for name in given}, **extras}
 
 
 def handler(function: HandlerFunction | None = None, *, thread: bool = False) -> Any:
@@ -119,10 +122,15 @@ def _build_handler_info(name: str, function: Callable[..., Any], thread: bool) -
     signature = inspect.signature(function)
     fields: dict[str, Any] = {}
     hints = _resolved_hints(function)
+    extra_keywords = None
     for parameter in list(signature.parameters.values())[1:]:
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind is parameter.VAR_KEYWORD:
+            extra_keywords = parameter.name
+            continue
+        if parameter.kind is parameter.VAR_POSITIONAL:
             raise InvalidSpecError(
-                f"handler {function.__qualname__} takes *{parameter.name}; handlers take named parameters only",
+                f"handler {function.__qualname__} takes *{parameter.name}; handlers take named parameters "
+                f"(and optionally **kwargs) only",
                 subject="handler",
             )
         annotation = hints.get(parameter.name, Any)
@@ -140,6 +148,7 @@ def _build_handler_info(name: str, function: Callable[..., Any], thread: bool) -
         arguments_model=model,
         is_coroutine=inspect.iscoroutinefunction(function),
         in_thread=thread,
+        extra_keywords=extra_keywords,
     )
 
 

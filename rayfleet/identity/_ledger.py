@@ -131,6 +131,39 @@ CREATE TABLE IF NOT EXISTS edges (
     managed INTEGER NOT NULL,
     PRIMARY KEY (a, b)
 );
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    code_version TEXT NOT NULL,
+    status TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '',
+    definition BLOB,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    pause_requested INTEGER NOT NULL DEFAULT 0,
+    outcome BLOB,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    output BLOB NOT NULL,
+    tokens INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (run_id, label)
+);
+CREATE TABLE IF NOT EXISTS compensations (
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS run_leases (
+    run_id TEXT PRIMARY KEY,
+    high_water INTEGER NOT NULL,
+    holder TEXT
+);
 CREATE TABLE IF NOT EXISTS hosts (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -634,6 +667,122 @@ class Ledger:
             for a, b in link or []:
                 db.execute("INSERT OR IGNORE INTO edges VALUES (?, ?, 0)", (a, b))
 
+    # -- workflow runs and their journal ---------------------------------------------
+
+    def create_run(
+        self, *, run_id: str, workflow: str, code_version: str, definition: bytes | None, force: bool = False
+    ) -> str:
+        """Register a run, or find it again to resume it; returns its status.
+
+        Raises:
+            InvalidSpecError: the run exists under a different code version (pass
+                ``force=True`` to resume it anyway, e.g. after a compatible fix).
+        """
+        now = self._clock()
+        with self._transaction() as db:
+            row = db.execute("SELECT code_version, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO runs (run_id, workflow, code_version, status, definition, created_at, updated_at) "
+                    "VALUES (?, ?, ?, 'PENDING', ?, ?, ?)",
+                    (run_id, workflow, code_version, definition, now, now),
+                )
+                return "PENDING"
+            if row[0] != code_version and not force:
+                raise InvalidSpecError(
+                    f"run {run_id!r} was started by workflow code version {row[0]}, not {code_version}; "
+                    f"resuming it under different code could re-derive different steps. Pass force=True to resume "
+                    f"anyway, or start a new run",
+                    subject="code_version",
+                )
+            db.execute(
+                "UPDATE runs SET code_version = ?, definition = COALESCE(?, definition), updated_at = ? "
+                "WHERE run_id = ?",
+                (code_version, definition, now, run_id),
+            )
+            return str(row[1])
+
+    def run_info(self, run_id: str) -> dict[str, object] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
+                "created_at, updated_at, outcome, definition IS NOT NULL FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return None if row is None else _run_row(row)
+
+    def list_runs(self, *, statuses: list[str] | None = None) -> list[dict[str, object]]:
+        query = ("SELECT run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
+                 "created_at, updated_at, outcome, definition IS NOT NULL FROM runs")
+        parameters: list[object] = []
+        if statuses:
+            query += f" WHERE status IN ({', '.join('?' * len(statuses))})"
+            parameters.extend(statuses)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY created_at, run_id", parameters).fetchall()
+        return [_run_row(row) for row in rows]
+
+    def run_definition(self, run_id: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT definition FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_run_status(self, *, run_id: str, status: str, detail: str = "", outcome: bytes | None = None) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE runs SET status = ?, detail = ?, outcome = COALESCE(?, outcome), updated_at = ? "
+                "WHERE run_id = ?",
+                (status, detail, outcome, self._clock(), run_id),
+            )
+
+    def request_run(self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None) -> bool:
+        """Ask a run to cancel or to pause/resume dispatching; returns False for an unknown run."""
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                return False
+            if cancel is not None:
+                db.execute("UPDATE runs SET cancel_requested = ? WHERE run_id = ?", (int(cancel), run_id))
+            if pause is not None:
+                db.execute("UPDATE runs SET pause_requested = ? WHERE run_id = ?", (int(pause), run_id))
+            return True
+
+    def journal_load(self, run_id: str) -> dict[str, object]:
+        with self._lock:
+            steps = self._db.execute(
+                "SELECT label, output, tokens FROM journal WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+            compensated = self._db.execute(
+                "SELECT label FROM compensations WHERE run_id = ? AND ok = 1 ORDER BY seq", (run_id,)
+            ).fetchall()
+        return {"steps": [(r[0], r[1], r[2]) for r in steps], "compensated": [r[0] for r in compensated]}
+
+    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
+        """Journal one step's output; a step is journaled once (a repeat keeps the first)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT COALESCE(MAX(seq), 0) FROM journal WHERE run_id = ?", (run_id,)).fetchone()
+            db.execute("INSERT OR IGNORE INTO journal VALUES (?, ?, ?, ?, ?)", (run_id, label, output, tokens, row[0] + 1))
+
+    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> None:
+        with self._transaction() as db:
+            row = db.execute("SELECT COALESCE(MAX(seq), 0) FROM compensations WHERE run_id = ?", (run_id,)).fetchone()
+            db.execute("INSERT INTO compensations VALUES (?, ?, ?, ?, ?)", (run_id, label, int(ok), error, row[0] + 1))
+
+    def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
+        """A strictly larger fencing token for an exclusive step of a run (persisted first)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT high_water FROM run_leases WHERE run_id = ?", (run_id,)).fetchone()
+            token = 1 if row is None else row[0] + 1
+            db.execute(
+                "INSERT INTO run_leases VALUES (?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+                "high_water = excluded.high_water, holder = excluded.holder",
+                (run_id, token, holder),
+            )
+            return token
+
+    def release_run_lease(self, *, run_id: str, holder: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE run_leases SET holder = NULL WHERE run_id = ? AND holder = ?", (run_id, holder))
+
     # -- pause, parking and dead letters -------------------------------------------
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
@@ -868,6 +1017,14 @@ class Ledger:
                 HostView(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]))
                 for row in self._db.execute("SELECT name, holder, started_at, draining FROM hosts ORDER BY name")
             ]
+
+
+def _run_row(row: tuple[object, ...]) -> dict[str, object]:
+    return {
+        "run_id": row[0], "workflow": row[1], "code_version": row[2], "status": row[3], "detail": row[4],
+        "cancel_requested": bool(row[5]), "pause_requested": bool(row[6]), "created_at": row[7],
+        "updated_at": row[8], "outcome": row[9], "submitted": bool(row[10]),
+    }
 
 
 def new_session_id() -> str:

@@ -8,6 +8,8 @@ from ._fleet import FleetConfig as FleetConfig
 from ._fleet import connect as connect
 from ._host import AgentHost as AgentHost
 from ._ledger_actor import LedgerActor as LedgerActor
+from ._workflow import RunInfo as RunInfo
+from ._workflow import RunnerActor as RunnerActor
 
 __all__ = [
     "AgentHost",
@@ -15,5 +17,7 @@ __all__ = [
     "Fleet",
     "FleetConfig",
     "LedgerActor",
+    "RunInfo",
+    "RunnerActor",
     "connect",
 ]

@@ -48,10 +48,18 @@ from ..identity._types import (
     TopologyPolicy,
     lease_is_healthy,
 )
+from ..workflow import Workflow, WorkflowOutcome
 from ._host import AgentHost
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, SyncLedger
 from ._routing import Courier, HostDirectory
 from ._topology import ApplyReport, TopologyClient, apply_roster
+from ._workflow import (
+    RUNNER_ACTOR_NAME,
+    RunnerActor,
+    RunsClient,
+    execute_run,
+    new_run_id,
+)
 
 log = logging.getLogger("rayfleet.fleet")
 
@@ -152,6 +160,8 @@ class Fleet:
         self._courier = Courier(HostDirectory(config.namespace), ledger_handle)
         self._snapshots: SnapshotStore | None = None
         self.topology = TopologyClient(self)
+        self.runs = RunsClient(self)
+        """The run registry: ``get``, ``list``, ``wait``, ``cancel``, ``pause``, ``resume``."""
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self._ensure_hosts()
 
@@ -413,6 +423,57 @@ class Fleet:
         except ray.exceptions.GetTimeoutError:
             raise DeadlineExceededError(identity=envelope.target, method=envelope.method, timeout=timeout or 0.0) from None
 
+    # -- workflows ------------------------------------------------------------------
+
+    def run(self, workflow: Workflow, *, run_id: str | None = None, force: bool = False) -> WorkflowOutcome:
+        """Run a workflow in this process and return its outcome (blocking).
+
+        Passing the ``run_id`` of an unfinished run resumes it: journaled steps are
+        re-derived from the journal, never executed again. A run started under a
+        different code version is refused unless ``force=True``. Step failures do not
+        raise: the outcome's ``status`` is COMPENSATED or FAILED and ``error`` holds
+        the typed error (``outcome.raise_error()`` raises it).
+
+        Raises:
+            InvalidSpecError: the workflow is not valid (named step), or a code-version mismatch.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run_async(workflow, run_id=run_id, force=force))
+        raise InvalidSpecError(
+            "fleet.run() blocks and cannot be called from a running event loop; use await fleet.run_async(wf)",
+            subject="run",
+        )
+
+    async def run_async(self, workflow: Workflow, *, run_id: str | None = None, force: bool = False) -> WorkflowOutcome:
+        """:meth:`run`, awaited."""
+        workflow.validate()
+        run_id = run_id or new_run_id(workflow)
+        self._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
+                          code_version=workflow.code_version(), definition=None, force=force)
+        return await execute_run(self._courier, workflow, run_id)
+
+    def submit(self, workflow: Workflow, *, run_id: str | None = None) -> str:
+        """Run a workflow in the detached runner actor, which survives this driver; returns the run id.
+
+        The runner resumes unfinished runs from the journal after it restarts.
+
+        Raises:
+            InvalidSpecError: the workflow is not valid, or a builder cannot be pickled.
+        """
+        workflow.validate(for_submit=True)
+        run_id = run_id or new_run_id(workflow)
+        self._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
+                          code_version=workflow.code_version(), definition=cloudpickle.dumps(workflow))
+        ray.get(self._runner().start.remote(run_id))
+        return run_id
+
+    def _runner(self) -> ray.actor.ActorHandle:
+        return RunnerActor.options(
+            name=RUNNER_ACTOR_NAME, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
+        ).remote(self.config.namespace)
+
     def collect_garbage(self, *, min_age: float = 60.0) -> list[str]:
         """Delete snapshot files no continuity record points at and older than ``min_age`` seconds."""
         referenced = self._ledger.call("referenced_snapshot_files")
@@ -481,6 +542,10 @@ class Fleet:
                 log.warning("host shutdown: %s", error)
             for handle in handles:
                 ray.kill(handle)
+            try:
+                ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.config.namespace))
+            except ValueError:
+                pass  # no run was ever submitted
             ray.kill(self._ledger.handle)
         if self._started_ray:
             ray.shutdown()

@@ -127,6 +127,17 @@ class AgentHost:
 
         return await self._serve(turn())
 
+    async def dispatch(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
+        """Like :meth:`deliver`, but the reply carries the turn's usage: ``(value, Usage)``."""
+        if not isinstance(envelope, Envelope) or envelope.target != identity:
+            return await self.deliver(identity, envelope)
+
+        async def turn() -> Any:
+            result = await self.runtime.deliver_envelope(envelope)
+            return result.value, result.usage
+
+        return await self._serve(turn())
+
     async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere).
 

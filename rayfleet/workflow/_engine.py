@@ -1,0 +1,630 @@
+"""The workflow engine: concurrent DAG scheduling, retries, leases, budgets and the saga."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import (
+    BudgetExceededError,
+    DeadlineExceededError,
+    HandlerError,
+    InvalidSpecError,
+    RayfleetError,
+    RunCancelledError,
+    StepFailedError,
+)
+from ..identity._agent import Reply, Usage
+from ..identity._delivery import RetryPolicy
+from ._definition import (
+    MAX_REASSIGNMENTS,
+    BudgetMeter,
+    RunStatus,
+    Step,
+    StepContext,
+    Workflow,
+    WorkflowOutcome,
+)
+from ._journal import Journal
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POLL_INTERVAL = 0.2
+"""Seconds between status polls while a run is paused."""
+COMPENSATION_RETRY = RetryPolicy(max_attempts=3, base_delay=0.05)
+TIMEOUT_GRACE = 1.0
+"""Seconds the engine waits past a step timeout before giving up on a dispatcher that ignores it."""
+
+
+@runtime_checkable
+class Dispatcher(Protocol):
+    """How the engine reaches agents (the fleet in production, a fake in tests)."""
+
+    async def call(
+        self,
+        *,
+        target: str,
+        method: str,
+        payload: dict[str, Any],
+        idempotency_key: str,
+        timeout: float,
+        conversation: str | None = None,
+        fence: int | None = None,
+    ) -> tuple[Any, Usage]:
+        """Call ``method`` on ``target``; return ``(output, usage)``.
+
+        A repeated ``idempotency_key`` must return the first reply without re-running.
+
+        Raises:
+            TimeoutError: (or ``DeadlineExceededError``) when ``timeout`` passes.
+            RayfleetError: for any other failure.
+        """
+        ...
+
+    async def select(self, labels: Mapping[str, str]) -> list[str]:
+        """Identities of ACTIVE or DORMANT agents carrying every label, sorted."""
+        ...
+
+    async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
+        """Take the run's exclusive lease; return a fencing token larger than any before."""
+        ...
+
+    async def release_run_lease(self, *, run_id: str, holder: str) -> None:
+        """Release the lease if ``holder`` still holds it."""
+        ...
+
+
+def _is_retryable(error: BaseException) -> bool:
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    # rf.Retryable is matched by name so this module needs no import of the agent runtime.
+    if any(cls.__name__ == "Retryable" for cls in type(error).__mro__):
+        return True
+    return isinstance(error, HandlerError) and str(getattr(error, "remote_type", "")).endswith("Retryable")
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _as_failure(label: str, error: BaseException) -> RayfleetError:
+    """The run-level error for a step task that raised ``error``."""
+    if isinstance(error, (StepFailedError, BudgetExceededError, RunCancelledError)):
+        return error
+    failure = StepFailedError(step=label, detail=f"{_describe(error)}; see the cause for details")
+    failure.__cause__ = error
+    return failure
+
+
+def _unpack_reply(result: Any) -> tuple[Any, int]:
+    # Dispatchers return (output, Usage); a Reply or a bare (output, None) is accepted too.
+    if isinstance(result, Reply):
+        return result.value, result.usage.total_tokens
+    if isinstance(result, tuple) and len(result) == 2:
+        output, usage = result
+        tokens = usage.total_tokens if isinstance(usage, Usage) else int(usage or 0)
+        return output, max(0, tokens)
+    raise TypeError(f"dispatcher.call must return (output, Usage), got {type(result).__name__}")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class WorkflowEngine:
+    """Runs one workflow run to completion, compensation or cancellation.
+
+    Guarantees:
+        * The workflow is validated before anything is loaded or dispatched.
+        * A step starts only after every step in its ``after`` is journaled; at most
+          ``workflow.parallelism`` steps are in flight.
+        * Journaled steps are never re-dispatched (replay); they count as completed
+          for the saga, in their journaled order.
+        * An exclusive step's lease is released on every exit path.
+        * Step failures, budget breaches and cancellation never raise: they come back
+          in the :class:`WorkflowOutcome`. Only invalid workflows (``InvalidSpecError``)
+          and errors of the journal's load/status reads raise.
+
+    Args:
+        workflow: the definition to run.
+        run_id: the run's id; reusing it resumes the run from its journal.
+        dispatcher: how steps reach agents.
+        journal: where outputs, compensations and status are recorded.
+        sender: who the steps come from (defaults to the workflow's name); kept as
+            ``engine.sender`` for dispatchers and logs, not passed through ``call``.
+        clock: monotonic clock for the wall-clock budget (injectable for tests).
+        poll_interval: seconds between status polls while paused.
+        rng: random source for retry jitter.
+    """
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        *,
+        run_id: str,
+        dispatcher: Dispatcher,
+        journal: Journal,
+        sender: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidSpecError(f"run_id must be a non-empty string, got {run_id!r}", subject="run_id")
+        self.workflow = workflow
+        self.run_id = run_id
+        if sender is not None and (not isinstance(sender, str) or not sender):
+            raise InvalidSpecError(f"sender must be a non-empty string, got {sender!r}", subject="sender")
+        self.sender = sender if sender is not None else workflow.name
+        self._dispatcher = dispatcher
+        self._journal = journal
+        self._clock = clock
+        self._poll_interval = poll_interval
+        self._rng = rng
+        self._steps: Mapping[str, Step] = workflow.steps
+        self._meter = BudgetMeter(workflow.budget, clock)
+        self._outputs: dict[str, Any] = {}
+        self._completed: list[str] = []
+        self._served_by: dict[str, tuple[str, ...]] = {}
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> WorkflowOutcome:
+        """Run (or resume) the workflow and report how it ended.
+
+        Raises:
+            InvalidSpecError: when the workflow is not valid (nothing is dispatched).
+        """
+        self.workflow.validate()
+        order = self.workflow.order()
+        self._steps = self.workflow.steps
+        # The wall clock starts before replay, so replay time counts against the budget.
+        self._meter = BudgetMeter(self.workflow.budget, self._clock)
+        state = await self._journal.load(self.run_id)
+        self._outputs = dict(state.outputs)
+        journaled = [label for label in state.completion_order if label in self._outputs]
+        journaled += [label for label in self._outputs if label not in journaled]
+        # Journal labels of no declared step stay visible in outputs but are never compensated.
+        self._completed = [label for label in journaled if label in self._steps]
+        self._served_by = {}
+        replayed = len(self._completed)
+        await self._journal.set_status(
+            self.run_id, RunStatus.RUNNING,
+            f"resumed with {replayed} journaled step(s)" if replayed else "started",
+        )
+
+        failure, cancelled = await self._schedule(order)
+        if failure is None:
+            await self._journal.set_status(self.run_id, RunStatus.COMPLETED, "every step completed")
+            return self._outcome(RunStatus.COMPLETED, None, (), {})
+
+        compensated, compensation_errors = await self._compensate(set(state.compensated))
+        if cancelled:
+            status = RunStatus.CANCELLED
+        else:
+            status = RunStatus.FAILED if compensation_errors else RunStatus.COMPENSATED
+        detail = str(failure)
+        if compensation_errors:
+            listing = "; ".join(f"{label}: {reason}" for label, reason in compensation_errors.items())
+            detail += f" | compensation failed for {listing}; undo those steps by hand or rerun their compensation"
+        await self._journal.set_status(self.run_id, status, detail)
+        return self._outcome(status, failure, tuple(compensated), compensation_errors)
+
+    def _outcome(
+        self, status: RunStatus, error: RayfleetError | None, compensated: tuple[str, ...],
+        compensation_errors: dict[str, str],
+    ) -> WorkflowOutcome:
+        ordered = {label: self._outputs[label] for label in self.workflow.order() if label in self._outputs}
+        ordered.update({label: self._outputs[label] for label in sorted(self._outputs) if label not in ordered})
+        return WorkflowOutcome(
+            run_id=self.run_id, status=status, outputs=ordered, compensated=compensated, error=error,
+            usage_tokens=self._meter.tokens, invocations=self._meter.invocations,
+            compensation_errors=dict(compensation_errors),
+        )
+
+    # ------------------------------------------------------------------ scheduling
+
+    async def _schedule(self, order: list[str]) -> tuple[RayfleetError | None, bool]:
+        """Start ready steps until all are done or one fails; return ``(failure, cancelled)``.
+
+        After a failure no new step starts, but in-flight steps run to the end so the
+        ones that succeed are journaled and compensated.
+        """
+        pending = [label for label in order if label not in self._outputs]
+        running: dict[asyncio.Task[None], str] = {}
+        failure: RayfleetError | None = None
+        cancelled = False
+        paused = False
+        parallelism = self.workflow.parallelism
+
+        def reap(done: set[asyncio.Task[None]]) -> None:
+            nonlocal failure
+            for task in sorted(done, key=lambda t: running[t]):
+                label = running.pop(task)
+                error = task.exception()
+                if error is not None and failure is None:
+                    failure = _as_failure(label, error)
+                elif error is not None:
+                    logger.warning("step %r of run %r also failed: %s", label, self.run_id, error)
+
+        try:
+            while True:
+                ready = [] if failure is not None else [
+                    label for label in pending if all(dep in self._outputs for dep in self._steps[label].after)
+                ]
+                if ready and len(running) < parallelism:
+                    _, cancel_requested, pause_requested = await self._journal.status(self.run_id)
+                    if cancel_requested:
+                        failure, cancelled = RunCancelledError(run_id=self.run_id), True
+                    elif pause_requested:
+                        if not paused:
+                            paused = True
+                            await self._journal.set_status(
+                                self.run_id, RunStatus.PAUSED,
+                                "pause requested: no new step starts; in-flight steps finish",
+                            )
+                        if running:
+                            done, _ = await asyncio.wait(
+                                running, timeout=self._poll_interval, return_when=asyncio.FIRST_COMPLETED)
+                            reap(done)
+                        else:
+                            await asyncio.sleep(self._poll_interval)
+                        continue
+                    else:
+                        if paused:
+                            paused = False
+                            await self._journal.set_status(self.run_id, RunStatus.RUNNING, "resumed after pause")
+                        for label in ready[: parallelism - len(running)]:
+                            self._meter.charge_invocation()
+                            try:
+                                self._meter.check()
+                            except BudgetExceededError as error:
+                                failure = error
+                                break
+                            pending.remove(label)
+                            task = asyncio.create_task(self._run_step(self._steps[label]),
+                                                       name=f"workflow:{self.run_id}:{label}")
+                            running[task] = label
+                if not running:
+                    return failure, cancelled
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                reap(done)
+        finally:
+            # Only reached with tasks left when run() itself is cancelled or a status read raised.
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+    # ------------------------------------------------------------------ one step
+
+    async def _run_step(self, step: Step) -> None:
+        if step.scatter is not None:
+            output, tokens, served = await self._scatter(step)
+            await self._finalize(step, output, tokens, served)
+        else:
+            await self._directed(step)  # finalizes itself, under the lease when exclusive
+        # Post-dispatch check: the step is already journaled, so a breach compensates it too.
+        self._meter.check()
+
+    async def _finalize(self, step: Step, output: Any, tokens: int, served: tuple[str, ...]) -> None:
+        """Charge tokens, verify, then journal the output; dependents may start afterwards."""
+        self._meter.charge_tokens(tokens)  # spent whether or not the output passes verification
+        if step.verifier is not None:
+            try:
+                verdict = await _maybe_await(step.verifier(output))
+            except Exception as error:
+                raise StepFailedError(
+                    step=step.label,
+                    detail=f"its verifier raised {_describe(error)}; fix the verifier or the handler's output",
+                ) from error
+            if not verdict:
+                raise StepFailedError(
+                    step=step.label,
+                    detail=f"its verifier rejected the output {repr(output)[:200]}; check the handler "
+                    f"{step.call!r} or relax .verify()",
+                )
+        try:
+            await self._journal.record_step(self.run_id, step.label, output, tokens)
+        except Exception as error:
+            raise StepFailedError(
+                step=step.label,
+                detail=f"journaling its output failed ({_describe(error)}); check the journal, then rerun "
+                f"with the same run_id to resume",
+            ) from error
+        self._outputs[step.label] = output
+        self._completed.append(step.label)
+        self._served_by[step.label] = served
+
+    async def _build_payload(self, step: Step, attempt: int) -> dict[str, Any]:
+        payload = step.payload
+        if payload is None:
+            return {}
+        if isinstance(payload, Mapping):
+            return dict(payload)
+        context = StepContext(run_id=self.run_id, outputs=MappingProxyType(dict(self._outputs)), attempt=attempt)
+        try:
+            value = await _maybe_await(payload(context))
+        except Exception as error:
+            raise StepFailedError(
+                step=step.label,
+                detail=f"its payload builder raised {_describe(error)}; fix the builder "
+                f"(ctx.outputs holds {sorted(context.outputs)})",
+            ) from error
+        if not isinstance(value, Mapping):
+            raise StepFailedError(
+                step=step.label,
+                detail=f"its payload builder returned {type(value).__name__}, not a dict; return the "
+                f"handler's keyword arguments as a dict",
+            )
+        return dict(value)
+
+    def _timeout_for(self, seconds: float) -> float:
+        remaining = self._meter.remaining_wall_clock()
+        if remaining is None:
+            return seconds
+        self._meter.check()  # an exhausted budget fails the step rather than dispatching with no time
+        return min(seconds, max(remaining, 1e-3))
+
+    async def _call(
+        self, *, target: str, method: str, payload: dict[str, Any], key: str, timeout: float,
+        conversation: str | None = None, fence: int | None = None,
+    ) -> tuple[Any, int]:
+        try:
+            result = await asyncio.wait_for(
+                self._dispatcher.call(
+                    target=target, method=method, payload=payload, idempotency_key=key, timeout=timeout,
+                    conversation=conversation, fence=fence,
+                ),
+                timeout + TIMEOUT_GRACE,
+            )
+        except TimeoutError as error:
+            if isinstance(error, RayfleetError):
+                raise
+            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from error
+        return _unpack_reply(result)
+
+    async def _with_retries(
+        self, step: Step, target: str, *, epoch: int, counter: list[int], timeout: float,
+        retry_timeouts: bool, payload: dict[str, Any] | None = None,
+    ) -> tuple[Any, int]:
+        """Dispatch to ``target`` with the step's retry policy; raise the last error unchanged.
+
+        ``counter`` numbers attempts across reassignments, so every dispatch of a step
+        has its own idempotency key and lease holder.
+        """
+        policy = step.retry
+        for retry_index in range(policy.max_attempts):
+            counter[0] += 1
+            attempt = counter[0]
+            body = payload if payload is not None else await self._build_payload(step, attempt)
+            key = f"{self.run_id}/{step.label}/{attempt}-{epoch}"
+            try:
+                call_timeout = self._timeout_for(timeout)
+                if step.exclusive:
+                    return await self._dispatch_exclusive(step, target, body, key, call_timeout, attempt)
+                return await self._call(target=target, method=step.call, payload=body, key=key,
+                                        timeout=call_timeout)
+            except (StepFailedError, BudgetExceededError):
+                raise
+            except Exception as error:
+                last = retry_index == policy.max_attempts - 1
+                if last or not _is_retryable(error) or (isinstance(error, TimeoutError) and not retry_timeouts):
+                    raise
+                logger.info("step %r attempt %d on %r failed (%s); retrying", step.label, attempt, target, error)
+                await asyncio.sleep(policy.delay_for(retry_index, rng=self._rng))
+        raise AssertionError("unreachable: max_attempts >= 1")
+
+    async def _dispatch_exclusive(
+        self, step: Step, target: str, payload: dict[str, Any], key: str, timeout: float, attempt: int,
+    ) -> tuple[Any, int]:
+        """One dispatch under the run's fenced lease; verify and journal before releasing it."""
+        holder = f"workflow:{self.run_id}:{step.label}:{attempt}"
+        token = await self._dispatcher.acquire_run_lease(run_id=self.run_id, holder=holder)
+        try:
+            output, tokens = await self._call(
+                target=target, method=step.call, payload=payload, key=key, timeout=timeout,
+                conversation=f"{self.run_id}/{step.label}", fence=token,
+            )
+            await self._finalize(step, output, tokens, (target,))
+            return output, tokens
+        finally:
+            # Always released (the seed skipped this on two paths); a release error must not
+            # mask the step's own result, and the lease lapses by TTL anyway.
+            try:
+                await self._dispatcher.release_run_lease(run_id=self.run_id, holder=holder)
+            except Exception as error:  # noqa: BLE001 - must not mask the step's own result
+                logger.warning("releasing the run lease of %r for step %r failed: %s", self.run_id, step.label, error)
+
+    async def _pick_target(self, step: Step, excluded: list[str], last_error: BaseException | None) -> str:
+        if step.to is not None:
+            return step.to
+        assert step.select is not None
+        candidates = [agent for agent in await self._dispatcher.select(step.select.labels) if agent not in excluded]
+        if candidates:
+            return min(candidates)
+        if excluded:
+            raise StepFailedError(
+                step=step.label,
+                detail=f"timed out on {excluded} and no other capable agent is left to reassign to; "
+                f"raise .timeout() or add agents labelled {dict(step.select.labels)}",
+            ) from last_error
+        raise StepFailedError(
+            step=step.label,
+            detail=f"no ACTIVE or DORMANT agent matches {dict(step.select.labels)}; spawn one with these labels "
+            f"or fix select=",
+        )
+
+    async def _directed(self, step: Step) -> None:
+        reassign = step.on_timeout == "reassign"
+        epochs = 1 + MAX_REASSIGNMENTS if reassign else 1
+        counter = [0]
+        timed_out: list[str] = []
+        last_error: BaseException | None = None
+        for epoch in range(epochs):
+            target = await self._pick_target(step, timed_out, last_error)
+            final_epoch = epoch == epochs - 1
+            try:
+                output, tokens = await self._with_retries(
+                    step, target, epoch=epoch, counter=counter, timeout=step.timeout,
+                    retry_timeouts=not reassign or final_epoch,
+                )
+            except (StepFailedError, BudgetExceededError):
+                raise
+            except Exception as error:
+                if reassign and not final_epoch and isinstance(error, TimeoutError):
+                    if step.select is not None:
+                        timed_out.append(target)
+                    last_error = error
+                    logger.info("step %r timed out on %r; reassigning", step.label, target)
+                    continue
+                raise StepFailedError(
+                    step=step.label,
+                    detail=f"{step.call!r} on {target!r} failed after {counter[0]} attempt(s): {_describe(error)}; "
+                    f"fix the handler or add .retry(RetryPolicy(...)) for transient errors",
+                ) from error
+            if not step.exclusive:
+                await self._finalize(step, output, tokens, (target,))
+            return
+
+    async def _scatter(self, step: Step) -> tuple[dict[str, Any], int, tuple[str, ...]]:
+        """Call every matching agent concurrently; gather per the step's policy.
+
+        Returns ``({identity: output} of successes, tokens of successes, identities)``.
+        Calls still in flight once the policy decides are cancelled.
+        """
+        assert step.scatter is not None
+        agents = sorted(await self._dispatcher.select(step.scatter.labels))
+        if not agents:
+            raise StepFailedError(
+                step=step.label,
+                detail=f"no ACTIVE or DORMANT agent matches {dict(step.scatter.labels)}; spawn agents with these "
+                f"labels or fix scatter=",
+            )
+        payload = await self._build_payload(step, 1)  # one payload for the whole panel
+        timeout = step.per_agent_timeout or step.timeout
+        tasks = {
+            asyncio.create_task(self._with_retries(
+                step, agent, epoch=0, counter=[0], timeout=timeout, retry_timeouts=True, payload=payload,
+            )): agent
+            for agent in agents
+        }
+        # Done callbacks run in completion order, so replies are judged in the order they
+        # arrived (FirstOf depends on it), not in the arbitrary order of a done set.
+        arrivals: asyncio.Queue[asyncio.Task[tuple[Any, int]]] = asyncio.Queue()
+        for task in tasks:
+            task.add_done_callback(arrivals.put_nowait)
+        successes: dict[str, tuple[Any, int]] = {}
+        failures: dict[str, str] = {}
+        total = len(agents)
+        decision = step.gather.decide(0, 0, total)
+        try:
+            while decision == "wait" and tasks:
+                task = await arrivals.get()
+                agent = tasks.pop(task)
+                error = task.exception()
+                if error is None:
+                    successes[agent] = task.result()
+                else:
+                    failures[agent] = _describe(error)
+                decision = step.gather.decide(len(successes), len(failures), total)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if decision != "done":
+            listing = "; ".join(f"{agent}: {reason}" for agent, reason in failures.items()) or "none"
+            raise StepFailedError(
+                step=step.label,
+                detail=f"gather {step.gather!r} not met: {len(successes)} of {total} agent(s) succeeded "
+                f"(failures: {listing}); fix the failing agents or relax gather=",
+            )
+        served = tuple(sorted(successes))
+        output = {agent: successes[agent][0] for agent in served}
+        tokens = sum(successes[agent][1] for agent in served)
+        return output, tokens, served
+
+    # ------------------------------------------------------------------ saga
+
+    async def _compensate(self, already_done: set[str]) -> tuple[list[str], dict[str, str]]:
+        """Undo completed steps in reverse completion order; return (compensated, errors by label)."""
+        compensated: list[str] = []
+        errors: dict[str, str] = {}
+        for label in reversed(self._completed):
+            step = self._steps[label]
+            if step.compensation is None or label in already_done:
+                continue
+            try:
+                await self._compensate_step(step)
+            except Exception as error:  # noqa: BLE001 - any failure is recorded, the unwind goes on
+                reason = _describe(error)
+                errors[label] = reason
+                ok = False
+            else:
+                compensated.append(label)
+                ok, reason = True, ""
+            try:
+                await self._journal.record_compensation(self.run_id, label, ok, reason)
+            except Exception as error:  # noqa: BLE001 - a journal failure is a compensation failure
+                errors.setdefault(label, f"journaling the compensation failed: {_describe(error)}")
+        return compensated, errors
+
+    async def _compensate_step(self, step: Step) -> None:
+        assert step.compensation is not None
+        output = self._outputs[step.label]
+        if step.scatter is not None:
+            targets = list(self._served_by.get(step.label) or (sorted(output) if isinstance(output, Mapping) else []))
+        elif step.to is not None:
+            targets = [step.to]
+        else:
+            # A replayed select step does not record who served it: the first capable agent undoes it.
+            targets = list(self._served_by.get(step.label) or [])
+            if not targets and step.select is not None:
+                capable = sorted(await self._dispatcher.select(step.select.labels))
+                if not capable:
+                    raise StepFailedError(step=step.label, detail="no capable agent is left to run its compensation")
+                targets = capable[:1]
+        shared: dict[str, Any] | None = None
+        if step.compensation_payload is not None:
+            context = StepContext(run_id=self.run_id, outputs=MappingProxyType(dict(self._outputs)), attempt=1)
+            value = await _maybe_await(step.compensation_payload(context))
+            if not isinstance(value, Mapping):
+                raise StepFailedError(step=step.label,
+                                      detail=f"its compensation payload returned {type(value).__name__}, not a dict")
+            shared = dict(value)
+        problems: list[str] = []
+        for target in targets:
+            if shared is not None:
+                payload = shared
+            else:
+                own = output.get(target) if step.scatter is not None and isinstance(output, Mapping) else output
+                payload = dict(own) if isinstance(own, Mapping) else {"output": own}
+            try:
+                await self._compensate_one(step, target, payload)
+            except Exception as error:  # noqa: BLE001 - collect every target's failure
+                problems.append(f"{target}: {_describe(error)}")
+        if problems:
+            raise StepFailedError(step=step.label, detail=f"compensation {step.compensation!r} failed on "
+                                  + "; ".join(problems))
+
+    async def _compensate_one(self, step: Step, target: str, payload: dict[str, Any]) -> None:
+        assert step.compensation is not None
+        key = f"{self.run_id}/{step.label}/compensate"
+        policy = COMPENSATION_RETRY
+        for index in range(policy.max_attempts):
+            try:
+                await self._call(target=target, method=step.compensation, payload=payload, key=key,
+                                 timeout=step.timeout)
+                return
+            except Exception:
+                # Compensations share one idempotency key, so retrying any error is safe.
+                if index == policy.max_attempts - 1:
+                    raise
+                await asyncio.sleep(policy.delay_for(index, rng=self._rng))

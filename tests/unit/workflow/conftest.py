@@ -1,0 +1,100 @@
+"""An in-process fleet for workflow engine tests: labelled agents, handlers, dedup and a run lease."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+
+from rayfleet.errors import UnknownHandlerError, UnknownIdentityError
+from rayfleet.identity._agent import Reply, Usage
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class FakeFleet:
+    """Implements the engine's Dispatcher protocol in memory.
+
+    Handlers are ``async fn(identity, payload)`` registered per method (optionally per
+    identity); they return an output or a ``Reply`` carrying usage. A repeated
+    idempotency key on the same agent returns the first successful reply without
+    running the handler again, which is the contract real agents give.
+    """
+
+    def __init__(self) -> None:
+        self.labels: dict[str, dict[str, str]] = {}
+        self.handlers: dict[tuple[str | None, str], Handler] = {}
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.calls: list[dict[str, Any]] = []
+        self.replies: dict[tuple[str, str], tuple[Any, Usage]] = {}
+        self.next_token = 0
+        self.lease_holder: dict[str, str] = {}
+        self.lease_events: list[tuple[str, str, int | None]] = []
+
+    def agent(self, identity: str, **labels: str) -> FakeFleet:
+        self.labels[identity] = dict(labels)
+        return self
+
+    def on(self, method: str, fn: Handler, *, identity: str | None = None) -> FakeFleet:
+        self.handlers[(identity, method)] = fn
+        return self
+
+    def dispatched(self, method: str) -> list[dict[str, Any]]:
+        """Calls of ``method`` that actually ran a handler (dedup hits excluded)."""
+        return [call for call in self.calls if call["method"] == method and not call["dedup"]]
+
+    async def call(
+        self, *, target: str, method: str, payload: dict[str, Any], idempotency_key: str, timeout: float,
+        conversation: str | None = None, fence: int | None = None,
+    ) -> tuple[Any, Usage]:
+        record = {"target": target, "method": method, "payload": payload, "key": idempotency_key,
+                  "timeout": timeout, "conversation": conversation, "fence": fence, "dedup": False}
+        self.calls.append(record)
+        if (target, idempotency_key) in self.replies:
+            record["dedup"] = True
+            return self.replies[(target, idempotency_key)]
+        if target not in self.labels:
+            raise UnknownIdentityError(identity=target)
+        fn = self.handlers.get((target, method)) or self.handlers.get((None, method))
+        if fn is None:
+            raise UnknownHandlerError(identity=target, method=method, available=())
+        self.counts[(target, method)] += 1
+        result = await asyncio.wait_for(fn(target, payload), timeout)
+        reply = (result.value, result.usage) if isinstance(result, Reply) else (result, Usage())
+        self.replies[(target, idempotency_key)] = reply
+        return reply
+
+    async def select(self, labels: Mapping[str, str]) -> list[str]:
+        return sorted(identity for identity, own in self.labels.items()
+                      if all(own.get(key) == value for key, value in labels.items()))
+
+    async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
+        if run_id in self.lease_holder:
+            raise RuntimeError(f"lease of {run_id} still held by {self.lease_holder[run_id]}")
+        self.next_token += 1
+        self.lease_holder[run_id] = holder
+        self.lease_events.append(("acquire", holder, self.next_token))
+        return self.next_token
+
+    async def release_run_lease(self, *, run_id: str, holder: str) -> None:
+        self.lease_events.append(("release", holder, None))
+        if self.lease_holder.get(run_id) == holder:
+            del self.lease_holder[run_id]
+
+
+async def echo(identity: str, payload: dict[str, Any]) -> Any:
+    return {"by": identity, **payload}
+
+
+@pytest.fixture
+def fleet() -> FakeFleet:
+    """A fleet with agents a1, a2, a3 labelled skill=work and handlers ``work`` (echo) and ``undo``."""
+    fake = FakeFleet()
+    for name in ("a1", "a2", "a3"):
+        fake.agent(name, skill="work")
+    fake.on("work", echo)
+    fake.on("undo", echo)
+    return fake
