@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import rayfleet.identity as rfi
 from rayfleet.errors import NotWiredError
 
@@ -123,7 +125,9 @@ class Bank(rfi.Agent):
         limit: int = 1000
 
     @rfi.handler
-    async def charge(self, trip: str, amount: int = 100, **_: object) -> dict[str, object]:
+    async def charge(self, trip: str, amount: int = 100, delay: float = 0.0, **_: object) -> dict[str, object]:
+        if delay:
+            await asyncio.sleep(delay)  # a slow payment provider
         if amount > self.state.limit:
             raise ValueError(f"card declined: {amount} is over the limit of {self.state.limit}")
         self.state.charged = [*self.state.charged, trip]

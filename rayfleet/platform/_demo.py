@@ -8,9 +8,11 @@ from collections.abc import Callable
 
 import ray
 
-from ..demo_agents import Counter, Notebook
+from ..demo_agents import Bank, Booking, Counter, Notebook, Reviewer
 from ..errors import InvalidStateError
-from ._fleet import connect
+from ..workflow import Budget, Quorum, RunStatus, Select, Workflow
+from ._fleet import Fleet, connect
+from ._workflow import RUNNER_ACTOR_NAME
 
 DEMO_NAMESPACE = "rayfleet-demo"
 
@@ -58,9 +60,52 @@ def run_demo(*, storage: str | None = None, address: str | None = None, say: Cal
         say(f"6. Retired counter/bob: a call was refused ({refused}). Respawned it: it holds {bob.call('get')} again.")
         fleet.reset("notes/ops")
         say(f"7. Reset notes/ops: generation {fleet.status('notes/ops').generation}, fresh notes {notes.call('read')}.")
-        ok = after_total == 6 and token_after > token_before and bob.call("get") == 40
+        saga_ok = _trip_saga(fleet, say)
+        ok = after_total == 6 and token_after > token_before and bob.call("get") == 40 and saga_ok
         say(f"Demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f}s: state survived a host "
-            f"crash with exactly one owner per identity.")
+            f"crash with exactly one owner per identity, and the sagas compensated and resumed.")
         return 0 if ok else 1
     finally:
         fleet.shutdown(stop_actors=True)
+
+
+def _trip(name: str, *, amount: int, delay: float = 0.0) -> Workflow:
+    workflow = Workflow(name, budget=Budget(invocations=20, wall_clock=60.0, tokens=50_000))
+    workflow.step("flight", to="airline/main", call="reserve", payload=lambda ctx: {"trip": ctx.run_id}) \
+        .compensate("cancel").exclusive()
+    workflow.step("hotel", to="hotel/main", call="reserve", payload=lambda ctx: {"trip": ctx.run_id, "nights": 2},
+                  after=["flight"]).compensate("cancel")
+    workflow.step("reviews", scatter=Select(labels={"role": "reviewer"}), call="review",
+                  payload=lambda ctx: {"trip": ctx.run_id}, gather=Quorum(2), after=["hotel"])
+    workflow.step("pay", to="bank/main", call="charge",
+                  payload=lambda ctx: {"trip": ctx.run_id, "amount": amount, "delay": delay},
+                  after=["reviews"]).verify(lambda out: out["ok"])
+    return workflow
+
+
+def _trip_saga(fleet: Fleet, say: Callable[[str], None]) -> bool:
+    fleet.spawn("airline/main", Booking)
+    fleet.spawn("hotel/main", Booking)
+    fleet.spawn("bank/main", Bank)
+    for index in range(3):
+        fleet.spawn(f"reviewer/{index}", Reviewer, labels={"role": "reviewer"})
+    good = fleet.run(_trip("trip-ok", amount=300))
+    say(f"8. Trip saga: flight (exclusive, fenced) -> hotel -> 3 reviewers (quorum 2) -> payment: {good.status.value}, "
+        f"{good.invocations} dispatches, {good.usage_tokens} tokens.")
+    bad = fleet.run(_trip("trip-declined", amount=5000))
+    say(f"9. A declined payment: {bad.status.value}; compensated in reverse order: {', '.join(bad.compensated)} "
+        f"({str(bad.error).split(';')[0]}).")
+    run_id = fleet.submit(_trip("trip-resumed", amount=200, delay=3.0))
+    for _ in range(200):
+        if fleet.agent("hotel/main").call("report")["reservations"].get(run_id):
+            break
+        time.sleep(0.05)
+    ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=DEMO_NAMESPACE), no_restart=False)
+    resumed = fleet.runs.wait(run_id, timeout=60)
+    airline = fleet.agent("airline/main").call("report")
+    say(f"10. Submitted a third trip and killed its runner actor mid-run; Ray restarted it and it resumed from the "
+        f"journal: {resumed.status.value}. The airline reserved {airline['calls']} times for 3 trips "
+        f"(journaled steps were re-derived, not re-executed).")
+    return (good.status is RunStatus.COMPLETED and bad.status is RunStatus.COMPENSATED
+            and bad.compensated == ("hotel", "flight") and resumed.status is RunStatus.COMPLETED
+            and airline["calls"] == 3)

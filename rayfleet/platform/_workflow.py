@@ -185,17 +185,21 @@ class RunnerActor:
     def __init__(self, namespace: str) -> None:
         self._namespace = namespace
         self._tasks: dict[str, asyncio.Task[WorkflowOutcome]] = {}
-        self._courier: Courier | None = None
+        # Ray runs an async actor's __init__ with its event loop already running: start
+        # resuming at once, so a restarted runner picks its runs up without being called.
+        self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
+
+    async def _resume_unfinished(self) -> Courier:
+        ledger = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace)
+        courier = Courier(HostDirectory(self._namespace), ledger)
+        await courier.refresh_async()
+        for info in unwrap(await ledger.call.remote("list_runs", {"statuses": list(UNFINISHED)})):
+            if info["submitted"] and info["run_id"] not in self._tasks:
+                self._launch(info["run_id"])
+        return courier
 
     async def _ready(self) -> Courier:
-        if self._courier is None:
-            ledger = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace)
-            self._courier = Courier(HostDirectory(self._namespace), ledger)
-            await self._courier.refresh_async()
-            for info in unwrap(await ledger.call.remote("list_runs", {"statuses": list(UNFINISHED)})):
-                if info["submitted"]:
-                    self._launch(info["run_id"])
-        return self._courier
+        return await asyncio.shield(self._boot)
 
     async def ping(self) -> int:
         await self._ready()
