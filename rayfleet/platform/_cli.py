@@ -46,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     export = topology_commands.add_parser("export", help="print the topology as dot, mermaid or json")
     export.add_argument("--format", default="dot", choices=("dot", "mermaid", "json"))
     topology_commands.add_parser("reconcile", help="wire and unwire edges to match the specs")
+    runs = commands.add_parser("runs", help="workflow runs: list, show, cancel, pause, resume")
+    run_commands = runs.add_subparsers(dest="runs_command", required=True)
+    run_commands.add_parser("list")
+    for verb in ("show", "cancel", "pause", "resume"):
+        run_command = run_commands.add_parser(verb)
+        run_command.add_argument("run_id")
+        if verb == "resume":
+            run_command.add_argument("--force", action="store_true", help="resume under a different code version")
     commands.add_parser("hosts", help="list host actors")
     gc = commands.add_parser("gc", help="delete snapshot files no identity references")
     gc.add_argument("--min-age", type=float, default=60.0)
@@ -104,6 +112,8 @@ def _run(arguments: argparse.Namespace) -> int:
             print(fleet.topology.export(arguments.format))
         elif arguments.command == "topology":
             _print(asdict(fleet.topology.reconcile()))
+        elif arguments.command == "runs":
+            _runs(fleet, arguments)
         elif arguments.command == "hosts":
             _print([asdict(host) for host in fleet.hosts()])
         elif arguments.command == "gc":
@@ -111,6 +121,20 @@ def _run(arguments: argparse.Namespace) -> int:
         return 0
     finally:
         fleet.shutdown()
+
+
+def _runs(fleet: Any, arguments: argparse.Namespace) -> None:
+    verb = arguments.runs_command
+    if verb == "list":
+        _print([asdict(info) for info in fleet.runs.list()])
+        return
+    if verb == "cancel":
+        fleet.runs.cancel(arguments.run_id)
+    elif verb == "pause":
+        fleet.runs.pause(arguments.run_id)
+    elif verb == "resume":
+        fleet.runs.resume(arguments.run_id, force=arguments.force)
+    _print(asdict(fleet.runs.get(arguments.run_id)))
 
 
 def _print(value: Any) -> None:

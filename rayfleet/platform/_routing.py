@@ -156,6 +156,8 @@ class CallPlan:
                 self.directory.forget(self.identity)
             else:
                 self.directory.remember(self.identity, payload)
+                # A host this directory has not heard of (started by another driver): learn it.
+                self.needs_refresh = payload not in self.directory.names
             return False, None
         # RETRY: the host is draining or lost the lease mid-way; look again.
         self.directory.forget(self.identity)

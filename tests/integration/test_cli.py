@@ -57,5 +57,15 @@ def test_cli_send_status_pause_and_dead_letters(storage: Path, capsys: pytest.Ca
         assert code == 0 and len(applied["topology"]["wired"]) == 2  # type: ignore[index]
         assert main([*common, "topology", "export", "--format", "mermaid"]) == 0
         assert "team/planner" in capsys.readouterr().out
+        workflow = rf.Workflow("cli-wf")
+        workflow.step("hello", to="greeter/1", call="greet", payload={"name": "runs"})
+        outcome = fleet.run(workflow)
+        assert outcome.status is rf.RunStatus.COMPLETED, str(outcome.error.__cause__ or outcome.error)
+        code, runs = run(capsys, *common, "runs", "list")
+        assert code == 0 and [r["run_id"] for r in runs] == [outcome.run_id]  # type: ignore[index,union-attr]
+        code, shown = run(capsys, *common, "runs", "show", outcome.run_id)
+        assert code == 0 and shown["status"] == "COMPLETED"  # type: ignore[index]
+        code, error = run(capsys, *common, "runs", "show", "no-such-run")
+        assert code == 2 and "no run" in str(error)
     finally:
         fleet.shutdown(stop_actors=True)
