@@ -688,6 +688,12 @@ class Ledger:
                     (run_id, workflow, code_version, definition, now, now),
                 )
                 return "PENDING"
+            if row[1] in ("COMPLETED", "COMPENSATED", "FAILED", "CANCELLED"):
+                raise InvalidSpecError(
+                    f"run {run_id!r} already ended ({row[1]}); a finished run is never resumed (its compensated "
+                    f"steps would be replayed, not redone). Start a new run",
+                    subject="run_id",
+                )
             if row[0] != code_version and not force:
                 raise InvalidSpecError(
                     f"run {run_id!r} was started by workflow code version {row[0]}, not {code_version}; "
@@ -727,11 +733,14 @@ class Ledger:
             row = self._db.execute("SELECT definition FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else row[0]
 
-    def set_run_status(self, *, run_id: str, status: str, detail: str = "", outcome: bytes | None = None) -> None:
+    def set_run_status(
+        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+    ) -> None:
+        """Record a run's status; ``detail=None`` keeps the detail already recorded."""
         with self._transaction() as db:
             db.execute(
-                "UPDATE runs SET status = ?, detail = ?, outcome = COALESCE(?, outcome), updated_at = ? "
-                "WHERE run_id = ?",
+                "UPDATE runs SET status = ?, detail = COALESCE(?, detail), outcome = COALESCE(?, outcome), "
+                "updated_at = ? WHERE run_id = ?",
                 (status, detail, outcome, self._clock(), run_id),
             )
 

@@ -59,6 +59,7 @@ from ._workflow import (
     RunsClient,
     execute_run,
     new_run_id,
+    start_on_runner,
 )
 
 log = logging.getLogger("rayfleet.fleet")
@@ -466,7 +467,7 @@ class Fleet:
         run_id = run_id or new_run_id(workflow)
         self._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
                           code_version=workflow.code_version(), definition=cloudpickle.dumps(workflow))
-        ray.get(self._runner().start.remote(run_id))
+        start_on_runner(self, run_id)
         return run_id
 
     def _runner(self) -> ray.actor.ActorHandle:

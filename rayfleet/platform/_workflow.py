@@ -22,7 +22,12 @@ import pyarrow as pa
 import pydantic
 import ray
 
-from ..errors import DeadlineExceededError, InvalidSpecError
+from ..errors import (
+    DeadlineExceededError,
+    FleetUnavailableError,
+    InvalidSpecError,
+    RayfleetError,
+)
 from ..identity._agent import Usage
 from ..identity._delivery import Envelope
 from ..identity._types import PERSISTED_LIVE
@@ -53,9 +58,13 @@ def encode_output(value: Any) -> bytes:
         table = value if isinstance(value, pa.Table) else pa.Table.from_batches([value])
         return b"A" + _ipc(table)
     if isinstance(value, pydantic.BaseModel):
-        table = pa.Table.from_pylist([value.model_dump(mode="json")])
-        header = cloudpickle.dumps(type(value))
-        return b"M" + len(header).to_bytes(8, "big") + header + _ipc(table)
+        try:
+            table = pa.Table.from_pylist([value.model_dump(mode="json")])
+        except (pa.ArrowException, TypeError, ValueError):
+            pass  # e.g. a list of mixed types: Arrow cannot hold it, pickle can
+        else:
+            header = cloudpickle.dumps(type(value))
+            return b"M" + len(header).to_bytes(8, "big") + header + _ipc(table)
     return b"P" + cloudpickle.dumps(value)
 
 
@@ -159,9 +168,9 @@ async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> Work
         sender=f"workflow:{run_id}",
     )
     outcome = await engine.run()
+    # The engine already recorded the detail (including failed compensations); keep it.
     await _AsyncLedger(courier.ledger).call(
-        "set_run_status", run_id=run_id, status=outcome.status.value,
-        detail="" if outcome.error is None else str(outcome.error), outcome=_pickle_outcome(outcome),
+        "set_run_status", run_id=run_id, status=outcome.status.value, detail=None, outcome=_pickle_outcome(outcome),
     )
     return outcome
 
@@ -219,16 +228,23 @@ class RunnerActor:
 
     async def _execute(self, run_id: str) -> WorkflowOutcome:
         courier = await self._ready()
-        definition = unwrap(await courier.ledger.call.remote("run_definition", {"run_id": run_id}))
-        workflow: Workflow = cloudpickle.loads(definition)
         try:
+            definition = unwrap(await courier.ledger.call.remote("run_definition", {"run_id": run_id}))
+            workflow: Workflow = cloudpickle.loads(definition)
             return await execute_run(courier, workflow, run_id)
         except Exception as error:
+            # E.g. a builder pickled by reference to a module only the driver has: end the run, never hang it.
             log.exception("run %s failed outside its steps", run_id)
+            failure = RayfleetError(
+                f"run {run_id!r} could not run in the runner actor: {type(error).__name__}: {error}. "
+                f"Make its payload builders importable on the cluster (or define them in your script)"
+            )
+            outcome = WorkflowOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure)
             await courier.ledger.call.remote("set_run_status", {
-                "run_id": run_id, "status": RunStatus.FAILED.value, "detail": f"{type(error).__name__}: {error}",
+                "run_id": run_id, "status": RunStatus.FAILED.value, "detail": failure.message,
+                "outcome": _pickle_outcome(outcome),
             })
-            raise
+            return outcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,7 +317,7 @@ class RunsClient:
             workflow: Workflow = cloudpickle.loads(definition)
             self._fleet._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
                                      code_version=workflow.code_version(), definition=None, force=force)
-            ray.get(self._fleet._runner().start.remote(run_id))
+            start_on_runner(self._fleet, run_id)
 
     def _request(self, run_id: str, **flags: bool) -> None:
         if not self._fleet._ledger.call("request_run", run_id=run_id, **flags):
@@ -315,6 +331,25 @@ def _info(info: Mapping[str, Any]) -> RunInfo:
         pause_requested=info["pause_requested"], submitted=info["submitted"], created_at=info["created_at"],
         updated_at=info["updated_at"],
     )
+
+
+def start_on_runner(fleet: Fleet, run_id: str, *, patience: float = 60.0) -> None:
+    """Hand a run to the runner actor, waiting out a runner that is restarting.
+
+    Raises:
+        FleetUnavailableError: the runner did not come back within ``patience`` seconds.
+    """
+    deadline = time.monotonic() + patience
+    delay = 0.05
+    while True:
+        try:
+            ray.get(fleet._runner().start.remote(run_id))
+            return
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError) as error:
+            if time.monotonic() > deadline:
+                raise FleetUnavailableError(detail=f"the workflow runner did not come back: {error}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def new_run_id(workflow: Workflow) -> str:

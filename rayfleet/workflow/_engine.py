@@ -172,6 +172,7 @@ class WorkflowEngine:
         self._outputs: dict[str, Any] = {}
         self._completed: list[str] = []
         self._served_by: dict[str, tuple[str, ...]] = {}
+        self._dispatched: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ run
 
@@ -193,6 +194,7 @@ class WorkflowEngine:
         # Journal labels of no declared step stay visible in outputs but are never compensated.
         self._completed = [label for label in journaled if label in self._steps]
         self._served_by = {}
+        self._dispatched = {}
         replayed = len(self._completed)
         await self._journal.set_status(
             self.run_id, RunStatus.RUNNING,
@@ -414,6 +416,10 @@ class WorkflowEngine:
             except (StepFailedError, BudgetExceededError):
                 raise
             except Exception as error:
+                remaining = self._meter.remaining_wall_clock()
+                if isinstance(error, TimeoutError) and remaining is not None and remaining <= 0:
+                    # The dispatch was cut short by the wall-clock budget, not by the step's timeout.
+                    self._meter.check()
                 last = retry_index == policy.max_attempts - 1
                 if last or not _is_retryable(error) or (isinstance(error, TimeoutError) and not retry_timeouts):
                     raise
@@ -546,6 +552,8 @@ class WorkflowEngine:
                 detail=f"gather {step.gather!r} not met: {len(successes)} of {total} agent(s) succeeded "
                 f"(failures: {listing}); fix the failing agents or relax gather=",
             )
+        # Agents still working when the policy decided may complete later: the saga must reach them too.
+        self._dispatched[step.label] = (tuple(agents), payload)
         served = tuple(sorted(successes))
         output = {agent: successes[agent][0] for agent in served}
         tokens = sum(successes[agent][1] for agent in served)
@@ -579,7 +587,12 @@ class WorkflowEngine:
     async def _compensate_step(self, step: Step) -> None:
         assert step.compensation is not None
         output = self._outputs[step.label]
-        if step.scatter is not None:
+        request: dict[str, Any] | None = None
+        if step.scatter is not None and step.label in self._dispatched:
+            # Every agent the step was sent to, including those that finished after the gather decided.
+            dispatched, request = self._dispatched[step.label]
+            targets = list(dispatched)
+        elif step.scatter is not None:
             targets = list(self._served_by.get(step.label) or (sorted(output) if isinstance(output, Mapping) else []))
         elif step.to is not None:
             targets = [step.to]
@@ -605,6 +618,8 @@ class WorkflowEngine:
                 payload = shared
             else:
                 own = output.get(target) if step.scatter is not None and isinstance(output, Mapping) else output
+                if own is None and request is not None:
+                    own = request  # a late finisher: undo what it was asked to do
                 payload = dict(own) if isinstance(own, Mapping) else {"output": own}
             try:
                 await self._compensate_one(step, target, payload)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rayfleet.platform._routing import REDIRECT, CallPlan, HostDirectory, rendezvous_pick
+from rayfleet.platform._routing import (
+    REDIRECT,
+    CallPlan,
+    HostDirectory,
+    rendezvous_pick,
+)
 
 
 @dataclass
