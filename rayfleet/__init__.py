@@ -52,6 +52,7 @@ from .platform import Fleet as Fleet
 from .platform import FleetConfig as FleetConfig
 from .platform import RunInfo as RunInfo
 from .platform import connect as connect
+from .workflow import AgentFailure as AgentFailure
 from .workflow import AllOf as AllOf
 from .workflow import AnyOf as AnyOf
 from .workflow import Budget as Budget
@@ -79,6 +80,7 @@ __all__ = [
     "Usage",
     "handler",
     # Workflows
+    "AgentFailure",
     "AllOf",
     "AnyOf",
     "Budget",

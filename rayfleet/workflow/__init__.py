@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._definition import AgentFailure as AgentFailure
 from ._definition import AllOf as AllOf
 from ._definition import AnyOf as AnyOf
 from ._definition import Budget as Budget
@@ -28,6 +29,7 @@ __all__ = [  # noqa: RUF022 - grouped by purpose
     "Step",
     "StepContext",
     # selection and gathering
+    "AgentFailure",
     "Select",
     "AllOf",
     "AnyOf",

@@ -217,6 +217,13 @@ _GATHER_TYPES = (AllOf, AnyOf, FirstOf, Quorum)
 # --------------------------------------------------------------------------- steps
 
 
+@dataclass(frozen=True, slots=True)
+class AgentFailure:
+    """In a scatter step's output, an agent that failed (its error text) instead of an output."""
+
+    error: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepContext:
     """What a payload builder sees: the run, prior outputs (read-only) and the attempt (1-based)."""

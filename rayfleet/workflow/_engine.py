@@ -24,6 +24,7 @@ from ..identity._agent import Reply, Usage
 from ..identity._delivery import RetryPolicy
 from ._definition import (
     MAX_REASSIGNMENTS,
+    AgentFailure,
     BudgetMeter,
     RunStatus,
     Step,
@@ -555,7 +556,9 @@ class WorkflowEngine:
         # Agents still working when the policy decided may complete later: the saga must reach them too.
         self._dispatched[step.label] = (tuple(agents), payload)
         served = tuple(sorted(successes))
-        output = {agent: successes[agent][0] for agent in served}
+        # The result maps every agent that answered to its output, or to why it failed.
+        output = {agent: successes[agent][0] if agent in successes else AgentFailure(failures[agent])
+                  for agent in sorted([*successes, *failures])}
         tokens = sum(successes[agent][1] for agent in served)
         return output, tokens, served
 
@@ -618,7 +621,7 @@ class WorkflowEngine:
                 payload = shared
             else:
                 own = output.get(target) if step.scatter is not None and isinstance(output, Mapping) else output
-                if own is None and request is not None:
+                if (own is None or isinstance(own, AgentFailure)) and request is not None:
                     own = request  # a late finisher: undo what it was asked to do
                 payload = dict(own) if isinstance(own, Mapping) else {"output": own}
             try:

@@ -354,7 +354,8 @@ def test_anyof_succeeds_on_one_success_and_fails_only_when_all_fail(fleet: rf.Fl
 
     ok = fleet.run(vote("some", rf.AnyOf()))
     assert ok.status is rf.RunStatus.COMPLETED, ok.error
-    assert ok.outputs["vote"] == {"some/b": {"by": "some/b"}}
+    assert ok.outputs["vote"]["some/b"] == {"by": "some/b"}
+    assert isinstance(ok.outputs["vote"]["some/a"], rf.AgentFailure)  # an agent that failed maps to its error
 
     failed = fleet.run(vote("none", rf.AnyOf()))
     assert failed.status is rf.RunStatus.COMPENSATED
@@ -392,7 +393,8 @@ def test_quorum_tolerates_failures_up_to_the_margin(fleet: rf.Fleet) -> None:
 
     ok = fleet.run(vote("q", rf.Quorum(2)))
     assert ok.status is rf.RunStatus.COMPLETED, ok.error
-    assert ok.outputs["vote"] == {"q/a": {"by": "q/a"}, "q/c": {"by": "q/c"}}
+    assert ok.outputs["vote"]["q/a"] == {"by": "q/a"} and ok.outputs["vote"]["q/c"] == {"by": "q/c"}
+    assert "votes no" in ok.outputs["vote"]["q/b"].error
 
     failed = fleet.run(vote("short", rf.Quorum(2)))
     assert failed.status is rf.RunStatus.COMPENSATED

@@ -19,7 +19,7 @@ EXPECTED_NAMES = {
     "StaleCheckpointVersionError", "StaleFencingTokenError", "State", "StepFailedError", "TopologyPolicy",
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
     "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "Retryable",
-    "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
+    "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
 }
 

@@ -16,6 +16,7 @@ from rayfleet.errors import (
 )
 from rayfleet.identity._delivery import RetryPolicy
 from rayfleet.workflow import (
+    AgentFailure,
     AllOf,
     AnyOf,
     FirstOf,
@@ -147,7 +148,9 @@ async def test_scatter_any_of_tolerates_failures(fleet) -> None:
     wf.step("panel", scatter=WORK, call="work", gather=AnyOf())
     outcome = await engine(wf, fleet).run()
     assert outcome.status is RunStatus.COMPLETED
-    assert list(outcome.outputs["panel"]) == ["a3"]
+    panel = outcome.outputs["panel"]
+    assert [agent for agent, out in panel.items() if not isinstance(out, AgentFailure)] == ["a3"]
+    assert all(isinstance(panel[agent], AgentFailure) for agent in panel if agent != "a3")
 
 
 async def test_scatter_any_of_fails_when_all_fail(fleet) -> None:
@@ -197,7 +200,9 @@ async def test_scatter_quorum_two_of_three_with_one_failure(fleet) -> None:
     wf.step("panel", scatter=WORK, call="work", gather=Quorum(2))
     outcome = await engine(wf, fleet).run()
     assert outcome.status is RunStatus.COMPLETED
-    assert sorted(outcome.outputs["panel"]) == ["a2", "a3"]
+    panel = outcome.outputs["panel"]
+    assert sorted(agent for agent, out in panel.items() if not isinstance(out, AgentFailure)) == ["a2", "a3"]
+    assert isinstance(panel.get("a1", AgentFailure("not yet answered")), AgentFailure)
 
 
 async def test_scatter_quorum_unreachable_fails(fleet) -> None:

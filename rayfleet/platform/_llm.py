@@ -1,0 +1,411 @@
+"""An OpenAI-compatible chat client and an offline scripted model, both reporting token usage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+import aiohttp
+
+from ..errors import DeadlineExceededError, InvalidSpecError, RayfleetError
+from ..identity._agent import Reply, Usage
+
+__all__ = [
+    "ChatClient",
+    "ChatMessage",
+    "ChatModel",
+    "ChatReply",
+    "ScriptedModel",
+    "reply_with_usage",
+]
+
+_BACKOFF_BASE = 0.25
+"""Seconds before the first retry; each later retry waits twice as long."""
+_BACKOFF_CAP = 4.0
+"""Longest wait between retries, so a large ``max_retries`` never sleeps for minutes."""
+_EXCERPT = 200
+"""Characters of a response body quoted in an error message."""
+_RESERVED_PARAMS = ("model", "messages", "stream")
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a chat conversation.
+
+    Attributes:
+        role: who speaks: ``"system"``, ``"user"``, ``"assistant"`` or another role the server knows.
+        content: the text of the message.
+
+    Raises:
+        InvalidSpecError: when ``role`` is empty or either field is not a string.
+    """
+
+    role: str
+    content: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, str) or not self.role:
+            raise InvalidSpecError(f"a chat message needs a non-empty string role, got {self.role!r}",
+                                   subject="messages")
+        if not isinstance(self.content, str):
+            raise InvalidSpecError(
+                f"chat message content must be a string, got {type(self.content).__name__}", subject="messages"
+            )
+
+    def to_json(self) -> dict[str, str]:
+        """The message as the chat completions API expects it."""
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """What a chat model answered, with the tokens it cost.
+
+    Attributes:
+        text: the content of the first choice.
+        usage: prompt and completion tokens as the server reported them (zeros if it did not).
+        model: the model that answered, as the server named it.
+        finish_reason: why generation stopped (``"stop"``, ``"length"``, ...), if reported.
+        raw: the decoded response body, for fields this class does not surface.
+    """
+
+    text: str
+    usage: Usage
+    model: str
+    finish_reason: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Anything a handler can chat with: :class:`ChatClient`, :class:`ScriptedModel` or your own."""
+
+    async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
+        """Answer ``messages``; ``params`` are model parameters such as ``temperature``."""
+        ...
+
+
+def reply_with_usage(reply: ChatReply) -> Reply:
+    """Wrap a chat reply as a handler :class:`Reply` so workflow token budgets count it.
+
+    Example::
+
+        return rf.reply_with_usage(await model.chat([{"role": "user", "content": question}]))
+    """
+    return Reply(reply.text, usage=reply.usage)
+
+
+def _coerce_messages(messages: Iterable[ChatMessage | Mapping[str, Any]]) -> list[ChatMessage]:
+    # A bare string or dict is iterable too; refusing them here beats sending one message per character.
+    if isinstance(messages, (str, bytes, Mapping)):
+        raise InvalidSpecError(
+            "messages must be a list of ChatMessage or {'role': ..., 'content': ...} dicts, "
+            f"got a single {type(messages).__name__}",
+            subject="messages",
+        )
+    coerced: list[ChatMessage] = []
+    for index, message in enumerate(messages):
+        if isinstance(message, ChatMessage):
+            coerced.append(message)
+        elif isinstance(message, Mapping):
+            missing = [key for key in ("role", "content") if key not in message]
+            if missing:
+                raise InvalidSpecError(f"message {index} lacks {', '.join(missing)}: {dict(message)!r}",
+                                       subject="messages")
+            coerced.append(ChatMessage(message["role"], message["content"]))
+        else:
+            raise InvalidSpecError(
+                f"message {index} must be a ChatMessage or a dict, got {type(message).__name__}", subject="messages"
+            )
+    if not coerced:
+        raise InvalidSpecError("messages is empty; send at least one message", subject="messages")
+    return coerced
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT] + "..."
+
+
+def _token_count(usage: Mapping[str, Any], name: str) -> int:
+    value = usage.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidSpecError(f"response usage.{name} must be a non-negative integer, got {value!r}",
+                               subject="response")
+    return value
+
+
+def _parse_completion(body: str, *, default_model: str) -> ChatReply:
+    """Decode a chat completions response body into a :class:`ChatReply`.
+
+    Raises:
+        InvalidSpecError: naming the part of the response that is missing or malformed.
+    """
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raise InvalidSpecError(f"chat response is not JSON: {_excerpt(body)!r}", subject="response") from None
+    if not isinstance(raw, dict):
+        raise InvalidSpecError(f"chat response must be a JSON object, got {_excerpt(body)!r}", subject="response")
+    choices = raw.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise InvalidSpecError(f"chat response has no choices[0]: {_excerpt(body)!r}", subject="response")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise InvalidSpecError(f"chat response has no choices[0].message: {_excerpt(body)!r}", subject="response")
+    content = message.get("content")
+    if content is None and message.get("tool_calls"):
+        content = ""  # a tool-call turn legitimately carries no text
+    if not isinstance(content, str):
+        raise InvalidSpecError(f"chat response has no string choices[0].message.content: {_excerpt(body)!r}",
+                               subject="response")
+    usage_json = raw.get("usage")
+    if usage_json is None:
+        usage = Usage()  # some compatible servers omit usage; a budget then sees zero tokens
+    elif isinstance(usage_json, dict):
+        usage = Usage(prompt_tokens=_token_count(usage_json, "prompt_tokens"),
+                      completion_tokens=_token_count(usage_json, "completion_tokens"))
+    else:
+        raise InvalidSpecError(f"chat response usage must be an object, got {usage_json!r}", subject="response")
+    finish_reason = choices[0].get("finish_reason")
+    model = raw.get("model")
+    return ChatReply(
+        text=content,
+        usage=usage,
+        model=model if isinstance(model, str) and model else default_model,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        raw=raw,
+    )
+
+
+# --------------------------------------------------------------------------- the HTTP client
+
+
+class ChatClient:
+    """A client for any OpenAI-compatible ``/chat/completions`` endpoint.
+
+    Works with OpenAI, a Ray Serve or vLLM deployment, or any compatible server.
+    Sessions are created lazily, one per event loop, because an aiohttp session
+    is bound to the loop that made it; close them with :meth:`close` or use the
+    client as ``async with ChatClient(...) as client``.
+
+    Args:
+        base_url: the API root, e.g. ``"http://127.0.0.1:8000/v1"``; ``/chat/completions`` is appended.
+        model: the model name sent with every request.
+        api_key: sent as ``Authorization: Bearer <api_key>`` when given.
+        timeout: seconds one request may take, body included.
+        max_retries: retries after the first attempt for HTTP 429, 5xx and connection errors.
+
+    Raises:
+        InvalidSpecError: naming the option that is not valid.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise InvalidSpecError(f"base_url must start with http:// or https://, got {base_url!r}",
+                                   subject="base_url")
+        if not isinstance(model, str) or not model:
+            raise InvalidSpecError(f"model must be a non-empty string, got {model!r}", subject="model")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise InvalidSpecError("api_key must be a non-empty string or None", subject="api_key")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidSpecError(f"timeout must be a positive number of seconds, got {timeout!r}",
+                                   subject="timeout")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise InvalidSpecError(f"max_retries must be an integer >= 0, got {max_retries!r}",
+                                   subject="max_retries")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self._api_key = api_key  # kept private so repr() and logs never show it
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+    @property
+    def url(self) -> str:
+        """The full chat completions URL requests are sent to."""
+        return f"{self.base_url}/chat/completions"
+
+    def __repr__(self) -> str:
+        return f"ChatClient({self.base_url!r}, model={self.model!r}, timeout={self.timeout:g})"
+
+    async def __aenter__(self) -> ChatClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        # Sessions of loops that have since closed cannot be closed any more; just forget them.
+        for stale in [other for other in self._sessions if other.is_closed()]:
+            del self._sessions[stale]
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession()
+            self._sessions[loop] = session
+        return session
+
+    async def close(self) -> None:
+        """Close the HTTP sessions this client opened; the client may be used again afterwards."""
+        current = asyncio.get_running_loop()
+        sessions, self._sessions = self._sessions, {}
+        for loop, session in sessions.items():
+            if session.closed or loop.is_closed():
+                continue
+            if loop is current:
+                await session.close()
+            else:
+                # A session must be closed on its own loop; that loop runs in another thread.
+                asyncio.run_coroutine_threadsafe(session.close(), loop)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _request_body(self, messages: Iterable[ChatMessage | Mapping[str, Any]], params: Mapping[str, Any]) -> str:
+        reserved = sorted(set(params) & set(_RESERVED_PARAMS))
+        if reserved:
+            raise InvalidSpecError(
+                f"chat() does not take {', '.join(reserved)} as a parameter: the model is set on the client "
+                f"and streaming is not supported",
+                subject=reserved[0],
+            )
+        body = {"model": self.model, "messages": [m.to_json() for m in _coerce_messages(messages)], **params}
+        try:
+            return json.dumps(body)
+        except (TypeError, ValueError) as error:
+            raise InvalidSpecError(f"chat parameters must be JSON-serialisable: {error}", subject="params") from None
+
+    async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
+        """Send ``messages`` to the chat completions endpoint and return the first choice.
+
+        Args:
+            messages: ``ChatMessage`` values or ``{"role": ..., "content": ...}`` dicts.
+            **params: request fields sent as given, e.g. ``temperature=0.2, max_tokens=64``.
+
+        Raises:
+            InvalidSpecError: bad messages or parameters, or a response missing a required field.
+            DeadlineExceededError: one request took longer than ``timeout``.
+            RayfleetError: an HTTP error (status and body excerpt in the message), or
+                429/5xx/connection failures that outlasted ``max_retries``.
+        """
+        body = self._request_body(messages, params)
+        session = self._session()
+        request_timeout = aiohttp.ClientTimeout(total=self.timeout)
+        attempts = self.max_retries + 1
+        failure = ""
+        last_error: BaseException | None = None
+        for attempt in range(attempts):
+            try:
+                async with session.post(self.url, data=body, headers=self._headers(),
+                                        timeout=request_timeout) as response:
+                    status = response.status
+                    text = await response.text(errors="replace")
+            except asyncio.TimeoutError:
+                # Not retried: a request that timed out may still be generating (and billing) server-side.
+                raise DeadlineExceededError(identity=self.url, method="chat", timeout=self.timeout) from None
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
+                failure, last_error = f"connection failed: {type(error).__name__}: {error}", error
+            else:
+                if 200 <= status < 300:
+                    return _parse_completion(text, default_model=self.model)
+                if status != 429 and status < 500:
+                    # The request itself is wrong (auth, model name, parameters); repeating it cannot help.
+                    raise RayfleetError(
+                        f"chat completion at {self.url} failed with HTTP {status}: {_excerpt(text)!r}. "
+                        f"Check the api key, model name and parameters."
+                    )
+                failure, last_error = f"HTTP {status}: {_excerpt(text)!r}", None
+            if attempt + 1 < attempts:
+                await asyncio.sleep(min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt))
+        raise RayfleetError(
+            f"chat completion at {self.url} failed after {attempts} attempt(s); last: {failure}. "
+            f"Check that the server is up, or raise max_retries."
+        ) from last_error
+
+
+# --------------------------------------------------------------------------- the offline model
+
+
+class ScriptedModel:
+    """An offline chat model that answers from a script, for demos and tests.
+
+    Replies come back in order and the script repeats once exhausted. Usage is
+    counted in words: ``prompt_tokens`` is the words of every message sent, and
+    ``completion_tokens`` the words of the reply, each times ``tokens_per_word``.
+
+    Args:
+        replies: the answers, in order; at least one.
+        tokens_per_word: tokens charged per word, a positive integer.
+
+    Raises:
+        InvalidSpecError: when ``replies`` is empty or not all strings, or
+            ``tokens_per_word`` is not a positive integer.
+    """
+
+    model = "scripted"
+
+    def __init__(self, replies: list[str], *, tokens_per_word: int = 1) -> None:
+        if isinstance(replies, str) or not isinstance(replies, (list, tuple)) or not replies:
+            raise InvalidSpecError("replies must be a non-empty list of strings", subject="replies")
+        if not all(isinstance(reply, str) for reply in replies):
+            raise InvalidSpecError(f"every reply must be a string, got {replies!r}", subject="replies")
+        if isinstance(tokens_per_word, bool) or not isinstance(tokens_per_word, int) or tokens_per_word < 1:
+            raise InvalidSpecError(f"tokens_per_word must be a positive integer, got {tokens_per_word!r}",
+                                   subject="tokens_per_word")
+        self.replies: tuple[str, ...] = tuple(replies)
+        self.tokens_per_word = tokens_per_word
+        self._calls = 0
+
+    @property
+    def calls(self) -> int:
+        """How many chats this model has answered."""
+        return self._calls
+
+    def __repr__(self) -> str:
+        return f"ScriptedModel({len(self.replies)} replies, tokens_per_word={self.tokens_per_word})"
+
+    async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
+        """Answer with the next scripted reply; ``params`` are accepted and ignored.
+
+        Raises:
+            InvalidSpecError: when ``messages`` is empty or malformed.
+        """
+        coerced = _coerce_messages(messages)
+        # No await between reading and advancing the counter, so concurrent chats on one loop never share a reply.
+        text = self.replies[self._calls % len(self.replies)]
+        self._calls += 1
+        usage = Usage(
+            prompt_tokens=sum(len(m.content.split()) for m in coerced) * self.tokens_per_word,
+            completion_tokens=len(text.split()) * self.tokens_per_word,
+        )
+        raw = {
+            "object": "chat.completion",
+            "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                      "total_tokens": usage.total_tokens},
+        }
+        return ChatReply(text=text, usage=usage, model=self.model, finish_reason="stop", raw=raw)
