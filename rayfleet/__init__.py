@@ -48,10 +48,16 @@ from .identity import TopologyPolicy as TopologyPolicy
 from .identity import Usage as Usage
 from .identity import handler as handler
 from .platform import AgentRef as AgentRef
+from .platform import ChatClient as ChatClient
+from .platform import ChatMessage as ChatMessage
+from .platform import ChatModel as ChatModel
+from .platform import ChatReply as ChatReply
 from .platform import Fleet as Fleet
 from .platform import FleetConfig as FleetConfig
 from .platform import RunInfo as RunInfo
+from .platform import ScriptedModel as ScriptedModel
 from .platform import connect as connect
+from .platform import reply_with_usage as reply_with_usage
 from .workflow import AgentFailure as AgentFailure
 from .workflow import AllOf as AllOf
 from .workflow import AnyOf as AnyOf
@@ -79,6 +85,13 @@ __all__ = [
     "State",
     "Usage",
     "handler",
+    # Models (LLM access for agents)
+    "ChatClient",
+    "ChatMessage",
+    "ChatModel",
+    "ChatReply",
+    "ScriptedModel",
+    "reply_with_usage",
     # Workflows
     "AgentFailure",
     "AllOf",

@@ -19,6 +19,7 @@ EXPECTED_NAMES = {
     "StaleCheckpointVersionError", "StaleFencingTokenError", "State", "StepFailedError", "TopologyPolicy",
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
     "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "Retryable",
+    "ChatClient", "ChatMessage", "ChatModel", "ChatReply", "ScriptedModel", "reply_with_usage",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
 }

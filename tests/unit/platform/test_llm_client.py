@@ -315,13 +315,18 @@ def test_each_event_loop_gets_its_own_session() -> None:
     # session whose loop has closed is forgotten rather than reused.
     client = ChatClient("http://127.0.0.1:9/v1", model="m")
 
-    async def open_session() -> object:
-        return client._session()
+    async def open_session(close: str) -> object:
+        session = client._session()
+        if close == "session":
+            await session.close()  # leaves the entry behind, keyed by a loop about to close
+        else:
+            await client.close()
+        return session
 
-    first = asyncio.run(open_session())
-    second = asyncio.run(open_session())
-    assert first is not second  # the first loop closed, so its session was dropped and a new one made
-    assert len(client._sessions) == 1
+    first = asyncio.run(open_session("session"))
+    second = asyncio.run(open_session("client"))
+    assert first is not second
+    assert client._sessions == {}  # the first loop's entry was pruned, the second closed by close()
 
 
 def test_repr_hides_the_api_key() -> None:
