@@ -69,3 +69,14 @@ def test_cli_send_status_pause_and_dead_letters(storage: Path, capsys: pytest.Ca
         assert code == 2 and "no run" in str(error)
     finally:
         fleet.shutdown(stop_actors=True)
+
+
+@pytest.mark.timeout(180)
+def test_job_entrypoint_runs_the_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from rayfleet.jobs.demo import main as job_main
+
+    monkeypatch.setenv("RAYFLEET_STORAGE", str(tmp_path / "job-store"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert job_main() == 0
+    assert "Demo passed" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""Entrypoints for ``ray job submit -- python -m rayfleet.jobs.<name>`` (see deployments/)."""

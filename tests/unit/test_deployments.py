@@ -1,0 +1,28 @@
+"""The deployment files parse and point at entrypoints that exist."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import yaml
+
+DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"
+
+
+def test_ray_up_config_has_what_ray_up_needs() -> None:
+    config = yaml.safe_load((DEPLOYMENTS / "local-cluster.yaml").read_text())
+    assert config["provider"]["type"] == "local"
+    assert config["cluster_name"] and config["head_start_ray_commands"] and config["worker_start_ray_commands"]
+    assert any("ray start --head" in command for command in config["head_start_ray_commands"])
+
+
+def test_rayjob_runs_an_importable_entrypoint() -> None:
+    job = yaml.safe_load((DEPLOYMENTS / "kuberay-rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    entrypoint = job["spec"]["entrypoint"].split()
+    assert entrypoint[:2] == ["python", "-m"]
+    module = importlib.import_module(entrypoint[2])
+    assert callable(module.main)
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["image"].startswith("rayproject/ray:")
