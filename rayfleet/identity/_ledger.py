@@ -884,18 +884,17 @@ class Ledger:
             for r in rows
         ]
 
-    def take_dead_letter(self, letter_id: int) -> StoredMessage | None:
-        """Remove one dead letter and return it (for replay); ``None`` if there is none."""
-        with self._transaction() as db:
-            row = db.execute(
+    def dead_letter(self, letter_id: int) -> StoredMessage | None:
+        """One dead letter by id, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
                 "SELECT id, identity, message_id, envelope, reason, error, attempts, at FROM dead_letters WHERE id = ?",
                 (letter_id,),
             ).fetchone()
-            if row is None:
-                return None
-            db.execute("DELETE FROM dead_letters WHERE id = ?", (letter_id,))
-            return StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=row[3], reason=row[4],
-                                 error=row[5], attempts=row[6], at=row[7])
+        if row is None:
+            return None
+        return StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=row[3], reason=row[4],
+                             error=row[5], attempts=row[6], at=row[7])
 
     def purge_dead_letters(
         self, *, identity: str | None = None, ids: list[int] | None = None, before: float | None = None

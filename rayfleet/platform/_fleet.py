@@ -396,12 +396,12 @@ class Fleet:
         The letter is removed once the message has been delivered, whatever the
         outcome: if it fails again, the host records a new dead letter for it.
         """
-        letters = [letter for letter in self._ledger.call("dead_letters", limit=1_000_000) if letter.id == letter_id]
-        if not letters:
+        letter = self._ledger.call("dead_letter", letter_id=letter_id)
+        if letter is None:
             raise InvalidSpecError(
                 f"there is no dead letter {letter_id}; list them with fleet.dead_letters()", subject="letter_id"
             )
-        envelope: Envelope = cloudpickle.loads(letters[0].envelope)
+        envelope: Envelope = cloudpickle.loads(letter.envelope)
         try:
             reply = self._send(envelope, timeout=timeout)
         except (FleetUnavailableError, DeadlineExceededError):

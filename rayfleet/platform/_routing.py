@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from ..errors import FleetUnavailableError, InvalidArgumentsError, RayfleetError
+from ..errors import FleetUnavailableError, InvalidArgumentsError
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -178,8 +178,6 @@ class CallPlan:
             self.directory.forget(self.identity)
             self.needs_refresh = True
             return
-        if isinstance(error, RayfleetError):
-            raise error
         raise error
 
 
