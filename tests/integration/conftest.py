@@ -50,3 +50,4 @@ def make_fleet(storage: Path) -> Iterator[object]:
 @pytest.fixture
 def fleet(make_fleet: object) -> rf.Fleet:
     return make_fleet()  # type: ignore[operator]
+

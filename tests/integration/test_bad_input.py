@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import ray
+from ray_helpers import kill_actor
 
 import rayfleet as rf
 
@@ -268,7 +268,7 @@ def _break_snapshots(fleet: rf.Fleet, storage: Path, identity: str, how: str) ->
     """Kill the owner (so nothing holds the State in memory), then damage every snapshot file."""
     owner = fleet.status(identity).host
     assert owner is not None
-    ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace))
+    kill_actor(owner, fleet.config.namespace)
     return _damage_files(storage, how)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-import ray
+from ray_helpers import kill_actor
 
 import rayfleet as rf
 
@@ -44,7 +44,7 @@ def eventually(probe: Callable[[], T], what: str, timeout: float = 20.0) -> T:
 def kill_owner(fleet: rf.Fleet, identity: str) -> str:
     owner = fleet.status(identity).host
     assert owner is not None, f"{identity} has no owner to kill"
-    ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace))
+    kill_actor(owner, fleet.config.namespace)
     return owner
 
 

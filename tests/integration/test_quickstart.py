@@ -4,7 +4,7 @@ import asyncio
 import time
 
 import pytest
-import ray
+from ray_helpers import kill_actor
 
 import rayfleet as rf
 
@@ -33,7 +33,7 @@ def test_counter_survives_killing_its_host(fleet: rf.Fleet) -> None:
     assert before.lease is not None and before.host is not None
     assert before.host in {host.name for host in fleet.hosts()}
 
-    ray.kill(ray.get_actor(before.host, namespace=fleet.config.namespace))
+    kill_actor(before.host, fleet.config.namespace)
 
     # The next call re-routes to the surviving host, which loads the last snapshot.
     assert alice.call("add", n=3) == 5

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
+from ray_helpers import kill_actor
 
 import rayfleet as rf
 from rayfleet.demo_agents import Planner, Researcher
@@ -46,7 +46,7 @@ def test_wiring_survives_reset_and_host_failover(fleet: rf.Fleet) -> None:
     assert list(planner.call("plan", question="b")) == ["team/r1"]
     owner = fleet.status("team/planner").host
     assert owner is not None
-    ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace))
+    kill_actor(owner, fleet.config.namespace)
     assert list(planner.call("plan", question="c")) == ["team/r1"]
     # Retiring a peer unwires its managed edge; respawning wires it again.
     fleet.retire("team/r1")

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pydantic
 import pytest
 import ray
+from ray_helpers import kill_actor
 
 import rayfleet as rf
 from rayfleet.demo_agents import Bank, Booking, Reviewer
@@ -908,7 +909,7 @@ def test_resuming_under_a_different_code_version_needs_force(fleet: rf.Fleet, tm
         time.sleep(0.05)
     assert started.exists()
     # The runner dies for good mid-run: the run stays unfinished, to be resumed by hand.
-    ray.kill(ray.get_actor(RUNNER, namespace=fleet.config.namespace), no_restart=True)
+    kill_actor(RUNNER, fleet.config.namespace)
 
     changed = rf.Workflow("pinned")
     changed.step("s1", to="w/1", call="work", payload={"tag": "s1"})
