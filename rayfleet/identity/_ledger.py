@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import (
     InvalidSpecError,
@@ -327,11 +328,10 @@ class Ledger:
                         subject="spec",
                     )
                 return RegisterOutcome(created=False, lifecycle=row[1])
-            db.execute(
-                "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
-                (identity, spec, fingerprint, agent_class, json.dumps(dict(labels)), addressability,
-                 json.dumps(sorted(peers)), PERSISTED_LIVE, self._clock()),
-            )
+            self._write_identity(db, {
+                "identity": identity, "spec": spec, "fingerprint": fingerprint, "agent_class": agent_class,
+                "labels": labels, "addressability": addressability, "peers": tuple(peers),
+            }, create=True)
             # Peers are stored as a JSON list of quoted names, so a quoted match is exact.
             awaited = db.execute(
                 "SELECT 1 FROM identities WHERE identity != ? AND peers LIKE ? LIMIT 1",
@@ -349,7 +349,7 @@ class Ledger:
             "labels": labels, "addressability": addressability, "peers": tuple(peers),
         }])
 
-    def apply_specs(self, *, creates: list[dict[str, object]], updates: list[dict[str, object]]) -> None:
+    def apply_specs(self, *, creates: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
         """Create and update many identities in one transaction (a roster applies whole or not at all).
 
         Each item has the keyword arguments of :meth:`register`.
@@ -358,24 +358,27 @@ class Ledger:
             for item in creates:
                 if db.execute("SELECT 1 FROM identities WHERE identity = ?", (item["identity"],)).fetchone():
                     raise InvalidSpecError(f"identity {item['identity']!r} already exists", subject="roster")
-                db.execute(
-                    "INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
-                    (item["identity"], item["spec"], item["fingerprint"], item["agent_class"],
-                     json.dumps(dict(item.get("labels", {}))),  # type: ignore[call-overload]
-                     item.get("addressability", "ADDRESSABLE"), json.dumps(sorted(item.get("peers", ()))),  # type: ignore[call-overload]
-                     PERSISTED_LIVE, self._clock()),
-                )
+                self._write_identity(db, item, create=True)
             for item in updates:
-                changed = db.execute(
-                    "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ?, "
-                    "peers = ? WHERE identity = ?",
-                    (item["spec"], item["fingerprint"], item["agent_class"],
-                     json.dumps(dict(item.get("labels", {}))),  # type: ignore[call-overload]
-                     item.get("addressability", "ADDRESSABLE"), json.dumps(sorted(item.get("peers", ()))),  # type: ignore[call-overload]
-                     item["identity"]),
-                ).rowcount
-                if not changed:
-                    raise UnknownIdentityError(identity=str(item["identity"]))
+                self._write_identity(db, item, create=False)
+
+    def _write_identity(self, db: sqlite3.Connection, item: Mapping[str, Any], *, create: bool) -> None:
+        """Insert or update one identity row from the keyword arguments of :meth:`register`."""
+        columns = (
+            item["spec"], item["fingerprint"], item["agent_class"], json.dumps(dict(item.get("labels", {}))),
+            item.get("addressability", "ADDRESSABLE"), json.dumps(sorted(item.get("peers", ()))),
+        )
+        if create:
+            db.execute("INSERT INTO identities VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
+                       (item["identity"], *columns, PERSISTED_LIVE, self._clock()))
+            return
+        changed = db.execute(
+            "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ?, "
+            "peers = ? WHERE identity = ?",
+            (*columns, item["identity"]),
+        ).rowcount
+        if not changed:
+            raise UnknownIdentityError(identity=str(item["identity"]))
 
     def resolve(self, identities: Iterable[str]) -> dict[str, IdentityView]:
         """Views of the given identities; unknown ones are absent from the result."""
@@ -540,9 +543,13 @@ class Ledger:
         should the holder still be alive, its next write presents a superseded token.
         """
         with self._transaction() as db:
-            freed = [row[0] for row in db.execute("SELECT identity FROM leases WHERE holder = ? ORDER BY identity", (holder,))]
-            db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
-            return freed
+            return self._free_holder(db, holder)
+
+    @staticmethod
+    def _free_holder(db: sqlite3.Connection, holder: str) -> list[str]:
+        freed = [row[0] for row in db.execute("SELECT identity FROM leases WHERE holder = ? ORDER BY identity", (holder,))]
+        db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
+        return freed
 
     # -- fenced writes ------------------------------------------------------------
 
@@ -878,11 +885,7 @@ class Ledger:
             parameters = (identity,)
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*parameters, limit)).fetchall()
-        return [
-            StoredMessage(id=r[0], identity=r[1], message_id=r[2], envelope=r[3], reason=r[4], error=r[5],
-                          attempts=r[6], at=r[7])
-            for r in rows
-        ]
+        return [_dead_letter(row) for row in rows]
 
     def dead_letter(self, letter_id: int) -> StoredMessage | None:
         """One dead letter by id, or ``None``."""
@@ -891,10 +894,7 @@ class Ledger:
                 "SELECT id, identity, message_id, envelope, reason, error, attempts, at FROM dead_letters WHERE id = ?",
                 (letter_id,),
             ).fetchone()
-        if row is None:
-            return None
-        return StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=row[3], reason=row[4],
-                             error=row[5], attempts=row[6], at=row[7])
+        return None if row is None else _dead_letter(row)
 
     def purge_dead_letters(
         self, *, identity: str | None = None, ids: list[int] | None = None, before: float | None = None
@@ -995,10 +995,7 @@ class Ledger:
         """
         with self._transaction() as db:
             previous = db.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
-            freed: list[str] = []
-            if previous is not None and previous[0] != holder:
-                freed = [row[0] for row in db.execute("SELECT identity FROM leases WHERE holder = ?", (previous[0],))]
-                db.execute("DELETE FROM leases WHERE holder = ?", (previous[0],))
+            freed = self._free_holder(db, previous[0]) if previous is not None and previous[0] != holder else []
             db.execute(
                 "INSERT OR REPLACE INTO hosts VALUES (?, ?, ?, 0)", (name, holder, self._clock())
             )
@@ -1010,8 +1007,7 @@ class Ledger:
             row = db.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
             if row is None or (holder is not None and row[0] != holder):
                 return []
-            freed = [r[0] for r in db.execute("SELECT identity FROM leases WHERE holder = ?", (row[0],))]
-            db.execute("DELETE FROM leases WHERE holder = ?", (row[0],))
+            freed = self._free_holder(db, row[0])
             db.execute("DELETE FROM hosts WHERE name = ?", (name,))
             return freed
 
@@ -1025,6 +1021,11 @@ class Ledger:
                 HostView(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]))
                 for row in self._db.execute("SELECT name, holder, started_at, draining FROM hosts ORDER BY name")
             ]
+
+
+def _dead_letter(row: tuple[Any, ...]) -> StoredMessage:
+    return StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=row[3], reason=row[4],
+                         error=row[5], attempts=row[6], at=row[7])
 
 
 def _run_row(row: tuple[object, ...]) -> dict[str, object]:

@@ -60,14 +60,14 @@ class RayLedgerClient(LedgerClient):
     def __init__(self, handle: ray.actor.ActorHandle) -> None:
         self.handle = handle
 
-    async def _call(self, method: str, **kwargs: Any) -> Any:
+    async def call(self, method: str, **kwargs: Any) -> Any:
         return unwrap(await self.handle.call.remote(method, kwargs))
 
     async def hosts(self) -> list[HostView]:
-        return await self._call("hosts")
+        return await self.call("hosts")
 
     async def register_host(self, *, name: str, holder: str) -> list[str]:
-        return await self._call("register_host", name=name, holder=holder)
+        return await self.call("register_host", name=name, holder=holder)
 
 
 class SyncLedger:

@@ -38,7 +38,7 @@ from ..workflow import (
     WorkflowEngine,
     WorkflowOutcome,
 )
-from ._ledger_actor import LEDGER_ACTOR_NAME, unwrap
+from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
 from ._routing import Courier, HostDirectory
 
 if TYPE_CHECKING:
@@ -88,20 +88,12 @@ def _ipc(table: pa.Table) -> bytes:
 
 # -- the engine's collaborators over Ray ----------------------------------------------
 
-class _AsyncLedger:
-    def __init__(self, handle: ray.actor.ActorHandle) -> None:
-        self.handle = handle
-
-    async def call(self, method: str, **kwargs: Any) -> Any:
-        return unwrap(await self.handle.call.remote(method, kwargs))
-
-
 class RayDispatcher:
     """Dispatches workflow steps as messages from ``workflow:<run id>`` to agents on hosts."""
 
     def __init__(self, courier: Courier, run_id: str) -> None:
         self._courier = courier
-        self._ledger = _AsyncLedger(courier.ledger)
+        self._ledger = RayLedgerClient(courier.ledger)
         self._sender = f"workflow:{run_id}"
 
     async def call(
@@ -133,7 +125,7 @@ class LedgerJournal:
     """The workflow journal in the ledger: a step's output is durable before dependents start."""
 
     def __init__(self, handle: ray.actor.ActorHandle) -> None:
-        self._ledger = _AsyncLedger(handle)
+        self._ledger = RayLedgerClient(handle)
 
     async def load(self, run_id: str) -> JournalState:
         stored = await self._ledger.call("journal_load", run_id=run_id)
@@ -169,7 +161,7 @@ async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> Work
     )
     outcome = await engine.run()
     # The engine already recorded the detail (including failed compensations); keep it.
-    await _AsyncLedger(courier.ledger).call(
+    await RayLedgerClient(courier.ledger).call(
         "set_run_status", run_id=run_id, status=outcome.status.value, detail=None, outcome=_pickle_outcome(outcome),
     )
     return outcome
@@ -202,7 +194,7 @@ class RunnerActor:
         ledger = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace)
         courier = Courier(HostDirectory(self._namespace), ledger)
         await courier.refresh_async()
-        for info in unwrap(await ledger.call.remote("list_runs", {"statuses": list(UNFINISHED)})):
+        for info in await RayLedgerClient(ledger).call("list_runs", statuses=list(UNFINISHED)):
             if info["submitted"] and info["run_id"] not in self._tasks:
                 self._launch(info["run_id"])
         return courier
@@ -229,7 +221,7 @@ class RunnerActor:
     async def _execute(self, run_id: str) -> WorkflowOutcome:
         courier = await self._ready()
         try:
-            definition = unwrap(await courier.ledger.call.remote("run_definition", {"run_id": run_id}))
+            definition = await RayLedgerClient(courier.ledger).call("run_definition", run_id=run_id)
             workflow: Workflow = cloudpickle.loads(definition)
             return await execute_run(courier, workflow, run_id)
         except Exception as error:
@@ -240,10 +232,10 @@ class RunnerActor:
                 f"Make its payload builders importable on the cluster (or define them in your script)"
             )
             outcome = WorkflowOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure)
-            await courier.ledger.call.remote("set_run_status", {
-                "run_id": run_id, "status": RunStatus.FAILED.value, "detail": failure.message,
-                "outcome": _pickle_outcome(outcome),
-            })
+            await RayLedgerClient(courier.ledger).call(
+                "set_run_status", run_id=run_id, status=RunStatus.FAILED.value, detail=failure.message,
+                outcome=_pickle_outcome(outcome),
+            )
             return outcome
 
 

@@ -182,16 +182,7 @@ def validate_roster(specs: Sequence[AgentSpec], *, existing: Collection[str] = (
             peer that is neither in the roster nor in ``existing``, naming the agent
             and the missing peer.
     """
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.identity in seen:
-            raise InvalidSpecError(
-                f"duplicate identity in roster: {spec.identity!r}. Identities in a roster must be unique; "
-                f"remove or rename one.",
-                subject=spec.identity,
-            )
-        seen.add(spec.identity)
-    known = seen | set(existing)
+    known = _unique_identities(specs) | set(existing)
     for spec in specs:
         for peer in spec.peers:
             if peer not in known:
@@ -239,15 +230,8 @@ def plan_roster(specs: Sequence[AgentSpec], current: Mapping[str, AgentSpec], *,
     create: list[AgentSpec] = []
     update: list[tuple[AgentSpec, list[str]]] = []
     unchanged: list[str] = []
-    seen: set[str] = set()
+    seen = _unique_identities(specs)
     for spec in specs:
-        if spec.identity in seen:
-            raise InvalidSpecError(
-                f"duplicate identity in roster: {spec.identity!r}. Identities in a roster must be unique; "
-                f"remove or rename one.",
-                subject=spec.identity,
-            )
-        seen.add(spec.identity)
         old = current.get(spec.identity)
         if old is None:
             create.append(spec)
@@ -257,3 +241,17 @@ def plan_roster(specs: Sequence[AgentSpec], current: Mapping[str, AgentSpec], *,
             update.append((spec, old.differences(spec)))
     pruned = tuple(sorted(set(current) - seen)) if prune else ()
     return RosterChange(create=tuple(create), update=tuple(update), unchanged=tuple(unchanged), prune=pruned)
+
+
+def _unique_identities(specs: Sequence[AgentSpec]) -> set[str]:
+    """The identities of a roster; the first repeated one is refused (INV-06)."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.identity in seen:
+            raise InvalidSpecError(
+                f"duplicate identity in roster: {spec.identity!r}. Identities in a roster must be unique; "
+                f"remove or rename one.",
+                subject=spec.identity,
+            )
+        seen.add(spec.identity)
+    return seen
