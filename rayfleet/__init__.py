@@ -18,6 +18,7 @@ from .errors import LeaseLostError as LeaseLostError
 from .errors import NotAddressableError as NotAddressableError
 from .errors import NotWiredError as NotWiredError
 from .errors import RayfleetError as RayfleetError
+from .errors import Retryable as Retryable
 from .errors import RunCancelledError as RunCancelledError
 from .errors import SnapshotError as SnapshotError
 from .errors import StaleCheckpointVersionError as StaleCheckpointVersionError
@@ -25,50 +26,48 @@ from .errors import StaleFencingTokenError as StaleFencingTokenError
 from .errors import StepFailedError as StepFailedError
 from .errors import UnknownHandlerError as UnknownHandlerError
 from .errors import UnknownIdentityError as UnknownIdentityError
-from .identity import Addressability as Addressability
-from .identity import Agent as Agent
-from .identity import AgentSpec as AgentSpec
-from .identity import ContinuityRecord as ContinuityRecord
-from .identity import DeadLetter as DeadLetter
-from .identity import DeadLetterReason as DeadLetterReason
-from .identity import Durability as Durability
-from .identity import Envelope as Envelope
-from .identity import EventKind as EventKind
-from .identity import IdentityEvent as IdentityEvent
-from .identity import IdentityStatus as IdentityStatus
-from .identity import LeaseInfo as LeaseInfo
-from .identity import LifecycleState as LifecycleState
-from .identity import NotInAgentContextError as NotInAgentContextError
-from .identity import ParkedMessage as ParkedMessage
-from .identity import Reply as Reply
-from .identity import Retryable as Retryable
-from .identity import RetryPolicy as RetryPolicy
-from .identity import State as State
-from .identity import TopologyPolicy as TopologyPolicy
-from .identity import Usage as Usage
-from .identity import handler as handler
-from .platform import AgentRef as AgentRef
-from .platform import ChatClient as ChatClient
-from .platform import ChatMessage as ChatMessage
-from .platform import ChatModel as ChatModel
-from .platform import ChatReply as ChatReply
-from .platform import Fleet as Fleet
-from .platform import FleetConfig as FleetConfig
-from .platform import RunInfo as RunInfo
-from .platform import ScriptedModel as ScriptedModel
-from .platform import connect as connect
-from .platform import reply_with_usage as reply_with_usage
-from .workflow import AgentFailure as AgentFailure
-from .workflow import AllOf as AllOf
-from .workflow import AnyOf as AnyOf
-from .workflow import Budget as Budget
-from .workflow import FirstOf as FirstOf
-from .workflow import Quorum as Quorum
-from .workflow import RunStatus as RunStatus
-from .workflow import Select as Select
-from .workflow import StepContext as StepContext
-from .workflow import Workflow as Workflow
-from .workflow import WorkflowOutcome as WorkflowOutcome
+from .host._messages import DeadLetter as DeadLetter
+from .host._messages import DeadLetterReason as DeadLetterReason
+from .host._messages import Envelope as Envelope
+from .host._messages import ParkedMessage as ParkedMessage
+from .identity._agent import Agent as Agent
+from .identity._agent import NotInAgentContextError as NotInAgentContextError
+from .identity._agent import Reply as Reply
+from .identity._agent import State as State
+from .identity._agent import Usage as Usage
+from .identity._agent import handler as handler
+from .identity._spec import AgentSpec as AgentSpec
+from .identity._values import Addressability as Addressability
+from .identity._values import ContinuityRecord as ContinuityRecord
+from .identity._values import Durability as Durability
+from .identity._values import EventKind as EventKind
+from .identity._values import IdentityEvent as IdentityEvent
+from .identity._values import IdentityStatus as IdentityStatus
+from .identity._values import LeaseInfo as LeaseInfo
+from .identity._values import LifecycleState as LifecycleState
+from .identity._values import TopologyPolicy as TopologyPolicy
+from .llm._chat import ChatClient as ChatClient
+from .llm._chat import ChatMessage as ChatMessage
+from .llm._chat import ChatModel as ChatModel
+from .llm._chat import ChatReply as ChatReply
+from .llm._chat import reply_with_usage as reply_with_usage
+from .platform._fleet import AgentRef as AgentRef
+from .platform._fleet import Fleet as Fleet
+from .platform._fleet import FleetConfig as FleetConfig
+from .platform._fleet import connect as connect
+from .platform._runner import RunInfo as RunInfo
+from .retry import RetryPolicy as RetryPolicy
+from .workflow._definition import AgentFailure as AgentFailure
+from .workflow._definition import AllOf as AllOf
+from .workflow._definition import AnyOf as AnyOf
+from .workflow._definition import Budget as Budget
+from .workflow._definition import FirstOf as FirstOf
+from .workflow._definition import Quorum as Quorum
+from .workflow._definition import RunStatus as RunStatus
+from .workflow._definition import Select as Select
+from .workflow._definition import StepContext as StepContext
+from .workflow._definition import Workflow as Workflow
+from .workflow._definition import WorkflowOutcome as WorkflowOutcome
 
 __version__ = "0.1.0"
 
@@ -90,7 +89,6 @@ __all__ = [
     "ChatMessage",
     "ChatModel",
     "ChatReply",
-    "ScriptedModel",
     "reply_with_usage",
     # Workflows
     "AgentFailure",

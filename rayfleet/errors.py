@@ -300,3 +300,19 @@ class FleetUnavailableError(RayfleetError):
             f"Check that Ray is running and that rayfleet hosts are alive (fleet.hosts()).",
             detail=detail,
         )
+
+
+class Retryable(RayfleetError):
+    """Raise from a handler to ask for the turn to be retried with backoff.
+
+    Timeouts and connection errors are retried too; every other exception is final and
+    dead-letters the message.
+    """
+
+    def __init__(self, message: str = "retryable failure") -> None:
+        super().__init__(message)
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a handler error is worth another attempt."""
+    return isinstance(error, (Retryable, TimeoutError, ConnectionError))

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidSpecError
+from ..retry import RetryPolicy
 from ._agent import Agent, agent_class_path, resolve_agent_class
-from ._delivery import DEFAULT_DEDUP_CAPACITY, RetryPolicy
 from ._names import validate_identity
-from ._types import Addressability, Durability, TopologyPolicy
+from ._values import DEFAULT_DEDUP_CAPACITY, Addressability, Durability, TopologyPolicy
 
 _LABEL_TEXT = (str, int, float, bool)
 

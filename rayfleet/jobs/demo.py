@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..platform._demo import run_demo
+from ..demo._script import run_demo
 
 
 def main() -> int:

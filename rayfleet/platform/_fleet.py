@@ -15,6 +15,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from ..checkpoints._store import SnapshotStore
 from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
@@ -22,20 +23,17 @@ from ..errors import (
     RayfleetError,
     UnknownIdentityError,
 )
-from ..identity._agent import Agent
-from ..identity._delivery import (
+from ..host._messages import (
     DeadLetter,
     DeadLetterReason,
     Envelope,
     ParkedMessage,
-    RetryPolicy,
 )
-from ..identity._ledger import HostView, IdentityView
+from ..host._runtime import HostStatistics, holder_host
+from ..identity._agent import Agent
 from ..identity._names import validate_identity
-from ..identity._runtime import HostStatistics, holder_host
-from ..identity._snapshots import SnapshotStore
 from ..identity._spec import AgentSpec
-from ..identity._types import (
+from ..identity._values import (
     PERSISTED_BROKEN,
     PERSISTED_RETIRED,
     Addressability,
@@ -48,12 +46,13 @@ from ..identity._types import (
     TopologyPolicy,
     lease_is_healthy,
 )
-from ..workflow import Workflow, WorkflowOutcome
-from ._host import AgentHost
+from ..ledger._ledger import HostView, IdentityView
+from ..retry import RetryPolicy
+from ..workflow._definition import Workflow, WorkflowOutcome
+from ._host_actor import AgentHost
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, SyncLedger
 from ._routing import Courier, HostDirectory
-from ._topology import ApplyReport, TopologyClient, apply_roster
-from ._workflow import (
+from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerActor,
     RunsClient,
@@ -61,6 +60,7 @@ from ._workflow import (
     new_run_id,
     start_on_runner,
 )
+from ._topology_client import ApplyReport, TopologyClient, apply_roster
 
 log = logging.getLogger("rayfleet.fleet")
 

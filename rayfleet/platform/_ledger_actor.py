@@ -8,8 +8,8 @@ from typing import Any
 import ray
 
 from ..errors import RayfleetError
-from ..identity._contracts import LedgerClient
-from ..identity._ledger import HostView, Ledger, RegisterOutcome
+from ..ledger._contract import LedgerClient
+from ..ledger._ledger import HostView, Ledger, RegisterOutcome
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import cloudpickle
 
 from ..errors import BudgetExceededError, InvalidSpecError, RayfleetError
-from ..identity._delivery import RetryPolicy
 from ..identity._names import validate_identity
+from ..retry import RetryPolicy
 
 Decision = Literal["done", "failed", "wait"]
 OnTimeout = Literal["fail", "reassign"]

@@ -21,7 +21,7 @@ from ..errors import (
     StepFailedError,
 )
 from ..identity._agent import Reply, Usage
-from ..identity._delivery import RetryPolicy
+from ..retry import RetryPolicy
 from ._definition import (
     MAX_REASSIGNMENTS,
     AgentFailure,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import rayfleet as rf
-from rayfleet.platform._cli import main
+from rayfleet.cli._app import main
 
 
 class Greeter(rf.Agent):

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 import rayfleet as rf
-from rayfleet.platform._llm import ChatClient, ScriptedModel, reply_with_usage
+from rayfleet import ChatClient, reply_with_usage
+from rayfleet.testing import ScriptedModel
 
 API_KEY = "sk-fleet-test"
 WAIT = 60.0

@@ -9,7 +9,7 @@ import pytest
 from ray_helpers import kill_actor
 
 import rayfleet as rf
-from rayfleet.demo_agents import Planner, Researcher
+from rayfleet.demo.agents import Planner, Researcher
 
 ROSTER = Path(__file__).resolve().parents[2] / "examples" / "team.yaml"
 TEAM = ["team/planner", "team/researcher-history", "team/researcher-physics"]
@@ -83,18 +83,18 @@ def test_roster_applies_idempotently_and_prunes(fleet: rf.Fleet, tmp_path: Path)
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo_agents:Counter\n"
-         "  - identity: a/1\n    agent: rayfleet.demo_agents:Counter\n", "a/1"),
-        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo_agents:Nope\n", "Nope"),
-        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo_agents:Counter\n    peers: [a/1]\n", "own peer"),
-        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo_agents:Counter\n    peers: [a/ghost]\n", "a/ghost"),
+        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo.agents:Counter\n"
+         "  - identity: a/1\n    agent: rayfleet.demo.agents:Counter\n", "a/1"),
+        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo.agents:Nope\n", "Nope"),
+        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo.agents:Counter\n    peers: [a/1]\n", "own peer"),
+        ("agents:\n  - identity: a/1\n    agent: rayfleet.demo.agents:Counter\n    peers: [a/ghost]\n", "a/ghost"),
         ("agents:\n  - identity: a/1\n    agent: [unclosed\n", "line"),
     ],
 )
 def test_bad_rosters_are_refused_whole(fleet: rf.Fleet, tmp_path: Path, body: str, message: str) -> None:
-    fleet.spawn("keep/me", "rayfleet.demo_agents:Counter")
+    fleet.spawn("keep/me", "rayfleet.demo.agents:Counter")
     roster = tmp_path / "bad.yaml"
-    roster.write_text("agents:\n  - identity: fine/one\n    agent: rayfleet.demo_agents:Counter\n"
+    roster.write_text("agents:\n  - identity: fine/one\n    agent: rayfleet.demo.agents:Counter\n"
                       + body.removeprefix("agents:\n"))
     with pytest.raises(rf.InvalidSpecError, match=message) as caught:
         fleet.apply(roster)

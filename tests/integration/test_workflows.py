@@ -24,7 +24,7 @@ import ray
 from ray_helpers import kill_actor
 
 import rayfleet as rf
-from rayfleet.demo_agents import Bank, Booking, Reviewer
+from rayfleet.demo.agents import Bank, Booking, Reviewer
 
 RUNNER = "rayfleet-runner"
 WAIT = 60.0

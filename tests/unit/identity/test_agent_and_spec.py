@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 import rayfleet as rf
-from rayfleet.identity import format_runtime_id, parse_runtime_id, validate_identity
+from rayfleet.identity._names import (
+    format_runtime_id,
+    parse_runtime_id,
+    validate_identity,
+)
 
 
 class Counter(rf.Agent):
@@ -80,9 +84,9 @@ def test_agent_must_be_an_agent_class() -> None:
 
 
 def test_agent_by_import_path() -> None:
-    spec = rf.AgentSpec(identity="a", agent="rayfleet.demo_agents:Counter")
+    spec = rf.AgentSpec(identity="a", agent="rayfleet.demo.agents:Counter")
     assert spec.agent_class.__name__ == "Counter"
-    assert spec.agent_class_path == "rayfleet.demo_agents:Counter"
+    assert spec.agent_class_path == "rayfleet.demo.agents:Counter"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rayfleet as rf
-from rayfleet.identity import DedupWindow, FenceMap
+from rayfleet.host._messages import DedupWindow, FenceMap
 
 
 def test_dedup_window_is_fifo_and_bounded() -> None:

@@ -22,8 +22,7 @@ from rayfleet.errors import (
     StaleFencingTokenError,
     UnknownIdentityError,
 )
-from rayfleet.identity._ledger import Activation, CheckpointCommit, Ledger
-from rayfleet.identity._types import (
+from rayfleet.identity._values import (
     PERSISTED_BROKEN,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
@@ -31,6 +30,7 @@ from rayfleet.identity._types import (
     LeaseGrant,
     SnapshotPointer,
 )
+from rayfleet.ledger._ledger import Activation, CheckpointCommit, Ledger
 
 TTL = 10.0
 

@@ -11,7 +11,10 @@ import cloudpickle
 import pytest
 
 import rayfleet as rf
-from rayfleet.identity import HostRuntime, Ledger, LocalLedgerClient, SnapshotStore
+from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._runtime import HostRuntime
+from rayfleet.ledger._contract import LocalLedgerClient
+from rayfleet.ledger._ledger import Ledger
 
 FAST_RETRY = rf.RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01)
 

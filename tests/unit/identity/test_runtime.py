@@ -9,8 +9,10 @@ import cloudpickle
 import pytest
 
 import rayfleet as rf
-from rayfleet.identity import HostRuntime, Ledger, LocalLedgerClient, SnapshotStore
-from rayfleet.identity._runtime import OwnedElsewhere, renewal_backoff
+from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
+from rayfleet.ledger._contract import LocalLedgerClient
+from rayfleet.ledger._ledger import Ledger
 
 
 class Counter(rf.Agent):

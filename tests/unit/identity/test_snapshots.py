@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rayfleet.checkpoints._codec import StateCodec
+from rayfleet.checkpoints._store import SnapshotRow, SnapshotStore
 from rayfleet.errors import InvalidSpecError, SnapshotError
-from rayfleet.identity._snapshots import SnapshotRow, SnapshotStore, StateCodec
 
 
 class Color(str, enum.Enum):

@@ -19,15 +19,15 @@ from aiohttp import web
 
 from rayfleet.errors import DeadlineExceededError, InvalidSpecError, RayfleetError
 from rayfleet.identity._agent import Reply, Usage
-from rayfleet.platform import _llm
-from rayfleet.platform._llm import (
+from rayfleet.llm import _chat
+from rayfleet.llm._chat import (
     ChatClient,
     ChatMessage,
     ChatModel,
     ChatReply,
-    ScriptedModel,
     reply_with_usage,
 )
+from rayfleet.testing import ScriptedModel
 
 Action = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -114,7 +114,7 @@ async def server() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     # Same exponential schedule, shorter steps, so retry tests stay quick.
-    monkeypatch.setattr(_llm, "_BACKOFF_BASE", 0.01)
+    monkeypatch.setattr(_chat, "_BACKOFF_BASE", 0.01)
 
 
 # --------------------------------------------------------------------------- the HTTP client

@@ -8,7 +8,7 @@ from rayfleet.errors import InvalidSpecError
 from rayfleet.identity._spec import AgentSpec
 from rayfleet.topology import Edge, desired_edges, peers_of
 
-COUNTER = "rayfleet.demo_agents:Counter"
+COUNTER = "rayfleet.demo.agents:Counter"
 
 
 def test_edge_of_is_canonical_and_order_free() -> None:

@@ -7,13 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayfleet.errors import InvalidSpecError
-from rayfleet.topology import (
-    Edge,
-    ReconcileReport,
-    apply_plan_to,
-    backoff_delays,
-    plan_reconcile,
-)
+from rayfleet.topology import Edge, ReconcileReport, plan_reconcile
+from rayfleet.topology._reconcile import apply_plan_to, backoff_delays
 
 AB, AC, BC, CD = Edge.of("a", "b"), Edge.of("a", "c"), Edge.of("b", "c"), Edge.of("c", "d")
 ALL = frozenset({"a", "b", "c", "d"})

@@ -9,10 +9,15 @@ import pytest
 
 from rayfleet.errors import InvalidSpecError
 from rayfleet.identity._spec import AgentSpec
-from rayfleet.identity._types import Addressability, Durability, TopologyPolicy
-from rayfleet.topology import RosterChange, load_roster, plan_roster, validate_roster
+from rayfleet.identity._values import Addressability, Durability, TopologyPolicy
+from rayfleet.roster._roster import (
+    RosterChange,
+    load_roster,
+    plan_roster,
+    validate_roster,
+)
 
-COUNTER = "rayfleet.demo_agents:Counter"
+COUNTER = "rayfleet.demo.agents:Counter"
 
 GOOD = f"""\
 agents:
@@ -85,7 +90,7 @@ def test_unknown_agent_class_keeps_import_message_and_adds_line(tmp_path: Path) 
     with pytest.raises(InvalidSpecError, match=r"line 4 \(identity 'broken'\).*cannot import module 'no_such_pkg.mod'"):
         load_roster(path)
     with pytest.raises(InvalidSpecError, match="has no 'Nope'"):
-        load_roster([{"identity": "x", "agent": "rayfleet.demo_agents:Nope"}])
+        load_roster([{"identity": "x", "agent": "rayfleet.demo.agents:Nope"}])
 
 
 def test_self_edge_in_peers(tmp_path: Path) -> None:

@@ -8,14 +8,9 @@ import pytest
 
 from rayfleet.errors import BudgetExceededError, InvalidSpecError
 from rayfleet.identity._agent import Reply, Usage
-from rayfleet.workflow import (
-    Budget,
-    BudgetMeter,
-    InMemoryJournal,
-    RunStatus,
-    Workflow,
-    WorkflowEngine,
-)
+from rayfleet.workflow._definition import Budget, BudgetMeter, RunStatus, Workflow
+from rayfleet.workflow._engine import WorkflowEngine
+from rayfleet.workflow._journal import InMemoryJournal
 
 
 class FakeClock:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rayfleet.errors import BudgetExceededError, InvalidSpecError, StepFailedError
-from rayfleet.identity._delivery import RetryPolicy
-from rayfleet.workflow import (
+from rayfleet.retry import RetryPolicy
+from rayfleet.workflow._definition import (
     AllOf,
     AnyOf,
     Budget,
@@ -229,7 +229,7 @@ def test_budget_exceeded_error_shape() -> None:
 ALLOWED_IMPORTS = ("__future__", "asyncio", "collections", "dataclasses", "enum", "hashlib", "heapq",
                    "importlib", "inspect", "logging", "random", "time", "types", "typing", "cloudpickle",
                    "pydantic", "pyarrow")
-ALLOWED_RELATIVE = ("errors", "identity._agent", "identity._delivery", "identity._names")
+ALLOWED_RELATIVE = ("errors", "retry", "identity._agent", "identity._names")
 
 
 def test_package_imports_only_allowed_modules() -> None:

@@ -14,19 +14,19 @@ from rayfleet.errors import (
     RunCancelledError,
     StepFailedError,
 )
-from rayfleet.identity._delivery import RetryPolicy
-from rayfleet.workflow import (
+from rayfleet.retry import RetryPolicy
+from rayfleet.workflow._definition import (
     AgentFailure,
     AllOf,
     AnyOf,
     FirstOf,
-    InMemoryJournal,
     Quorum,
     RunStatus,
     Select,
     Workflow,
-    WorkflowEngine,
 )
+from rayfleet.workflow._engine import WorkflowEngine
+from rayfleet.workflow._journal import InMemoryJournal
 
 WORK = Select({"skill": "work"})
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import ray
 
-from ..demo_agents import Bank, Booking, Counter, Notebook, Reviewer
 from ..errors import InvalidStateError
-from ..workflow import Budget, Quorum, RunStatus, Select, Workflow
-from ._fleet import Fleet, connect
-from ._workflow import RUNNER_ACTOR_NAME
+from ..platform._fleet import Fleet, connect
+from ..platform._runner import RUNNER_ACTOR_NAME
+from ..workflow._definition import Budget, Quorum, RunStatus, Select, Workflow
+from .agents import Bank, Booking, Counter, Notebook, Reviewer
 
 DEMO_NAMESPACE = "rayfleet-demo"
 

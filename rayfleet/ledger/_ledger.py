@@ -43,8 +43,8 @@ from ..errors import (
     StaleFencingTokenError,
     UnknownIdentityError,
 )
-from ._names import format_runtime_id
-from ._types import (
+from ..identity._names import format_runtime_id
+from ..identity._values import (
     PERSISTED_BROKEN,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,

@@ -28,14 +28,15 @@ from ..errors import (
     StaleCheckpointVersionError,
     StaleFencingTokenError,
     UnknownHandlerError,
+    is_retryable,
 )
-from ._agent import HandlerInfo, Reply, Usage, run_handler
-from ._delivery import DeadLetterReason, Envelope, is_retryable
+from ..identity._agent import HandlerInfo, Reply, Usage, run_handler
+from ..identity._values import Addressability, Durability, EventKind
 from ._hosted import HostedAgent, TurnResult
-from ._types import Addressability, Durability, EventKind
+from ._messages import DeadLetterReason, Envelope
 
 if TYPE_CHECKING:
-    from ._contracts import LedgerClient
+    from ..ledger._contract import LedgerClient
 
 log = logging.getLogger("rayfleet.pipeline")
 

@@ -1,4 +1,4 @@
-"""Delivery values and bounded maps: envelopes, retry policy, dedup window, fence map.
+"""Delivery values and bounded maps: envelopes, dead letters, parked messages, dedup window, fence map.
 
 The pipeline that uses them lives in ``_runtime.py``; these are plain data structures
 so their arithmetic is unit-tested without a host (specs/delivery-and-pause.md ยง6).
@@ -7,37 +7,20 @@ so their arithmetic is unit-tested without a host (specs/delivery-and-pause.md ย
 from __future__ import annotations
 
 import enum
-import random
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidSpecError, RayfleetError
+from ..errors import InvalidSpecError
+from ..identity._values import DEFAULT_DEDUP_CAPACITY
 
 DEDUP_SCOPE_SEPARATOR = "\x1f"
-DEFAULT_DEDUP_CAPACITY = 10_000
 FENCE_MAP_SOFT_CAP = 16_384
 FENCE_ENTRY_TTL = 600.0
 FENCE_SWEEP_INTERVAL = 1.0
 EXTERNAL_SENDER = "external"
-
-
-class Retryable(RayfleetError):
-    """Raise from a handler to ask for the turn to be retried with backoff.
-
-    Timeouts and connection errors are retried too; every other exception is final and
-    dead-letters the message.
-    """
-
-    def __init__(self, message: str = "retryable failure") -> None:
-        super().__init__(message)
-
-
-def is_retryable(error: BaseException) -> bool:
-    """Whether a handler error is worth another attempt."""
-    return isinstance(error, (Retryable, TimeoutError, ConnectionError))
 
 
 class DeadLetterReason(str, enum.Enum):
@@ -109,38 +92,6 @@ def _envelope_problem(envelope: Envelope) -> str:
     if (envelope.fence is None) != (envelope.conversation is None) and envelope.fence is not None:
         return "a fence needs a conversation: pass conversation= with fence="
     return ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    """How a host retries a handler that raised a retryable error."""
-
-    max_attempts: int = 5
-    """Attempts in all, the first included (at least 1)."""
-    base_delay: float = 0.2
-    """Seconds before the second attempt; doubles after each attempt."""
-    max_delay: float = 5.0
-    """Cap on any one delay."""
-    jitter: float = 0.2
-    """Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise InvalidSpecError(f"retry max_attempts must be an integer >= 1, got {self.max_attempts!r}",
-                                   subject="retry")
-        if self.base_delay < 0 or self.max_delay < self.base_delay:
-            raise InvalidSpecError(
-                f"retry delays must satisfy 0 <= base_delay <= max_delay, got {self.base_delay!r}, {self.max_delay!r}",
-                subject="retry",
-            )
-        if not 0 <= self.jitter < 1:
-            raise InvalidSpecError(f"retry jitter must be in [0, 1), got {self.jitter!r}", subject="retry")
-
-    def delay_for(self, attempt: int, *, rng: random.Random | None = None) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
-        raw = min(self.base_delay * 2**attempt, self.max_delay)
-        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
-        return min(raw * spread, self.max_delay)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

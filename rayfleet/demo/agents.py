@@ -4,72 +4,72 @@ from __future__ import annotations
 
 import asyncio
 
-import rayfleet.identity as rfi
+import rayfleet as rf
 from rayfleet.errors import NotWiredError
 
 
-class Counter(rfi.Agent):
+class Counter(rf.Agent):
     """Adds numbers; its total survives host crashes."""
 
-    class State(rfi.State):
+    class State(rf.State):
         total: int = 0
 
-    @rfi.handler
+    @rf.handler
     async def add(self, n: int) -> int:
         self.state.total += n
         return self.state.total
 
-    @rfi.handler
+    @rf.handler
     async def get(self) -> int:
         return self.state.total
 
 
-class Notebook(rfi.Agent):
+class Notebook(rf.Agent):
     """Keeps a list of notes with who wrote them."""
 
-    class Note(rfi.State):
+    class Note(rf.State):
         author: str
         text: str
 
-    class State(rfi.State):
+    class State(rf.State):
         notes: list[Notebook.Note] = []
 
-    @rfi.handler
+    @rf.handler
     async def write(self, author: str, text: str) -> int:
         self.state.notes = [*self.state.notes, Notebook.Note(author=author, text=text)]
         return len(self.state.notes)
 
-    @rfi.handler
+    @rf.handler
     async def read(self) -> list[str]:
         return [f"{note.author}: {note.text}" for note in self.state.notes]
 
 
-class Researcher(rfi.Agent):
+class Researcher(rf.Agent):
     """Answers questions on one topic and counts how many it answered."""
 
-    class State(rfi.State):
+    class State(rf.State):
         answered: int = 0
 
-    @rfi.handler
+    @rf.handler
     async def research(self, question: str) -> str:
         self.state.answered += 1
         topic = self.spec.labels.get("topic", "everything")
         return f"{self.identity} ({topic}) on {question!r}: finding #{self.state.answered}"
 
 
-class Planner(rfi.Agent):
+class Planner(rf.Agent):
     """Splits a question among its wired peers and collects their findings."""
 
-    class State(rfi.State):
+    class State(rf.State):
         plans: list[str] = []
 
-    @rfi.handler
+    @rf.handler
     async def plan(self, question: str) -> dict[str, str]:
         findings = {peer: await self.send(peer, "research", question=question) for peer in self.peers}
         self.state.plans = [*self.state.plans, question]
         return findings
 
-    @rfi.handler
+    @rf.handler
     async def ask_peer(self, peer: str, question: str) -> str:
         """Reach one identity; under enforced topology an unwired one is refused with NotWiredError."""
         try:
@@ -78,53 +78,53 @@ class Planner(rfi.Agent):
             return f"refused: {error.message}"
 
 
-class Booking(rfi.Agent):
+class Booking(rf.Agent):
     """An airline or hotel desk: reserve and cancel, counting each effect once per call."""
 
-    class State(rfi.State):
+    class State(rf.State):
         reservations: dict[str, int] = {}
         cancelled: list[str] = []
         calls: int = 0
 
-    @rfi.handler
+    @rf.handler
     async def reserve(self, trip: str, nights: int = 1) -> dict[str, object]:
         self.state.calls += 1
         self.state.reservations = {**self.state.reservations, trip: nights}
         return {"trip": trip, "by": self.identity, "nights": nights, "ok": True}
 
-    @rfi.handler
+    @rf.handler
     async def cancel(self, trip: str, **_: object) -> str:
         self.state.reservations = {k: v for k, v in self.state.reservations.items() if k != trip}
         self.state.cancelled = [*self.state.cancelled, trip]
         return f"cancelled {trip}"
 
-    @rfi.handler
+    @rf.handler
     async def report(self) -> dict[str, object]:
         return self.state.model_dump()
 
 
-class Reviewer(rfi.Agent):
+class Reviewer(rf.Agent):
     """Scores a reservation; reports token usage like an LLM call would."""
 
-    class State(rfi.State):
+    class State(rf.State):
         reviews: int = 0
 
-    @rfi.handler
-    async def review(self, trip: str, **_: object) -> rfi.Reply:
+    @rf.handler
+    async def review(self, trip: str, **_: object) -> rf.Reply:
         self.state.reviews += 1
         score = 3 + len(self.identity) % 3
-        return rfi.Reply({"score": score, "reviewer": self.identity}, usage=rfi.Usage(prompt_tokens=40,
+        return rf.Reply({"score": score, "reviewer": self.identity}, usage=rf.Usage(prompt_tokens=40,
                                                                                       completion_tokens=10))
 
 
-class Bank(rfi.Agent):
+class Bank(rf.Agent):
     """Charges a card; declines amounts over its limit."""
 
-    class State(rfi.State):
+    class State(rf.State):
         charged: list[str] = []
         limit: int = 1000
 
-    @rfi.handler
+    @rf.handler
     async def charge(self, trip: str, amount: int = 100, delay: float = 0.0, **_: object) -> dict[str, object]:
         if delay:
             await asyncio.sleep(delay)  # a slow payment provider

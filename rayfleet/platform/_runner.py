@@ -28,16 +28,12 @@ from ..errors import (
     InvalidSpecError,
     RayfleetError,
 )
+from ..host._messages import Envelope
 from ..identity._agent import Usage
-from ..identity._delivery import Envelope
-from ..identity._types import PERSISTED_LIVE
-from ..workflow import (
-    JournalState,
-    RunStatus,
-    Workflow,
-    WorkflowEngine,
-    WorkflowOutcome,
-)
+from ..identity._values import PERSISTED_LIVE
+from ..workflow import JournalState
+from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
+from ..workflow._engine import WorkflowEngine
 from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
 from ._routing import Courier, HostDirectory
 

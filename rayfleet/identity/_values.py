@@ -10,6 +10,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+DEFAULT_DEDUP_CAPACITY = 10_000
+"""Idempotency keys each agent remembers (FIFO) unless its spec says otherwise."""
+
 
 class LifecycleState(str, enum.Enum):
     """Where an identity is in its life (specs/identity-runtime.md section 4)."""

@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 
-from ._types import IdentityEvent
+from ..identity._values import IdentityEvent
 
 EVENT_BUFFER = 64
 

@@ -8,12 +8,16 @@ tests, embedded use).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import RayfleetError
+from ..identity._values import (
+    ContinuityRecord,
+    LeaseDenied,
+    LeaseGrant,
+    SnapshotPointer,
+)
 from ._ledger import Activation, CheckpointCommit, IdentityView, Ledger, StoredMessage
-from ._types import ContinuityRecord, LeaseDenied, LeaseGrant, SnapshotPointer
 
 
 class LedgerClient:
@@ -75,12 +79,6 @@ class LedgerClient:
     ) -> int:
         return await self.call("add_dead_letter", identity=identity, message_id=message_id, envelope=envelope,
                                 reason=reason, error=error, attempts=attempts)
-
-
-class Router(Protocol):
-    """How an agent reaches another agent (``await self.send(peer, ...)``)."""
-
-    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any: ...
 
 
 class LocalLedgerClient(LedgerClient):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import pydantic
 
 from ..errors import RayfleetError
-from ._contracts import LedgerClient
-from ._ledger import CheckpointCommit
-from ._snapshots import SnapshotRow, SnapshotStore
-from ._types import SnapshotPointer
+from ..identity._values import SnapshotPointer
+from ..ledger._contract import LedgerClient
+from ..ledger._ledger import CheckpointCommit
+from ._store import SnapshotRow, SnapshotStore
 
 
 @dataclass(slots=True)

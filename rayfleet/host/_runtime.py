@@ -42,6 +42,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..checkpoints._committer import GroupCommitter
+from ..checkpoints._store import SnapshotStore
 from ..errors import (
     HandlerError,
     InvalidSpecError,
@@ -54,16 +56,8 @@ from ..errors import (
     StaleFencingTokenError,
     UnknownIdentityError,
 )
-from ._committer import GroupCommitter
-from ._contracts import LedgerClient, Router
-from ._delivery import DedupWindow
-from ._events import EventHub, EventSubscription
-from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
-from ._ledger import Activation, IdentityView
-from ._pipeline import DeliveryPipeline
-from ._snapshots import SnapshotStore
-from ._spec import AgentSpec
-from ._types import (
+from ..identity._spec import AgentSpec
+from ..identity._values import (
     PERSISTED_BROKEN,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
@@ -78,6 +72,13 @@ from ._types import (
     TopologyPolicy,
     lease_is_healthy,
 )
+from ..ledger._contract import LedgerClient
+from ..ledger._ledger import Activation, IdentityView
+from ._delivery import DeliveryPipeline
+from ._events import EventHub, EventSubscription
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
+from ._messages import DedupWindow
+from ._ports import Router
 
 log = logging.getLogger("rayfleet.runtime")
 

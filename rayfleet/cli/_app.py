@@ -71,10 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(arguments: argparse.Namespace) -> int:
     if arguments.command == "demo":
-        from ._demo import run_demo
+        from ..demo._script import run_demo
 
         return run_demo(storage=arguments.storage, address=arguments.address)
-    from ._fleet import connect
+    from ..platform._fleet import connect
 
     fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace)
     try:

@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._agent import Agent, Usage
-from ._delivery import DedupWindow, FenceMap
-from ._spec import AgentSpec
-from ._types import ContinuityRecord, LeaseGrant
+from ..identity._agent import Agent, Usage
+from ..identity._spec import AgentSpec
+from ..identity._values import ContinuityRecord, LeaseGrant
+from ._messages import DedupWindow, FenceMap
 
 
 class OwnedElsewhere(Exception):

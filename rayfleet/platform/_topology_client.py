@@ -18,18 +18,10 @@ import ray
 
 from ..identity._names import validate_identity
 from ..identity._spec import AgentSpec
-from ..identity._types import PERSISTED_LIVE, LifecycleState
-from ..topology import (
-    Edge,
-    ReconcileReport,
-    RosterChange,
-    backoff_delays,
-    export_topology,
-    load_roster,
-    plan_reconcile,
-    plan_roster,
-    validate_roster,
-)
+from ..identity._values import PERSISTED_LIVE, LifecycleState
+from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
+from ..topology import Edge, ReconcileReport, export_topology, plan_reconcile
+from ..topology._reconcile import backoff_delays
 
 if TYPE_CHECKING:
     from ._fleet import Fleet

@@ -11,18 +11,18 @@ from typing import Any
 
 import ray
 
+from ..checkpoints._store import SnapshotStore
 from ..errors import InvalidSpecError, RayfleetError
-from ..identity._delivery import Envelope
-from ..identity._events import EventSubscription
-from ..identity._runtime import (
+from ..host._events import EventSubscription
+from ..host._messages import Envelope
+from ..host._runtime import (
     HostDraining,
     HostRuntime,
     HostStatistics,
     OwnedElsewhere,
     holder_host,
 )
-from ..identity._snapshots import SnapshotStore
-from ..identity._types import IdentityEvent
+from ..identity._values import IdentityEvent
 from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
 from ._routing import ERROR, OK, REDIRECT, RETRY, Courier, HostDirectory
 

@@ -1,0 +1,257 @@
+"""The snapshot store: immutable Arrow IPC files on a ``pyarrow.fs`` filesystem."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pydantic
+
+from ..errors import InvalidSpecError, SnapshotError
+from ._codec import (
+    EXTRA_COLUMN,
+    IDENTITY_COLUMN,
+    META_CLASS,
+    META_PICKLED,
+    VERSION_COLUMN,
+    StateCodec,
+)
+
+_SNAPSHOTS = "snapshots"
+_TEMP_PREFIX = ".tmp-"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotRow:
+    """One identity's State at one checkpoint version, plus opaque runtime metadata."""
+
+    identity: str
+    version: int
+    state: pydantic.BaseModel
+    extra: bytes = b""
+
+
+def _safe_name(name: str) -> str:
+    safe = _UNSAFE.sub("_", name)
+    # "." and ".." are made of allowed characters but would walk the folder tree.
+    return safe if safe.strip(".") else "_" * max(len(safe), 1)
+
+
+class SnapshotStore:
+    """Immutable Arrow IPC snapshot files under ``<root>/snapshots/`` on a ``pyarrow.fs`` filesystem.
+
+    A file is never changed after it is moved into place, so opened files are
+    cached (LRU, keyed by path). Safe to share between threads.
+    """
+
+    cache_size: ClassVar[int] = 16
+
+    def __init__(self, root: str) -> None:
+        """``root`` is a local folder (created if missing) or a URI ``FileSystem.from_uri`` accepts.
+
+        Raises:
+            InvalidSpecError: if the URI is not understood by pyarrow.
+        """
+        if "://" in root:
+            try:
+                self._fs, path = pafs.FileSystem.from_uri(root)
+            except (pa.ArrowException, ValueError) as error:
+                raise InvalidSpecError(f"snapshot root {root!r} is not a usable URI: {error}", subject="root") from None
+        else:
+            self._fs, path = pafs.LocalFileSystem(), os.path.abspath(root)
+        self._root = path.rstrip("/") or "/"
+        self._local = isinstance(self._fs, pafs.LocalFileSystem)
+        if self._local:
+            os.makedirs(self._root, exist_ok=True)
+        self._token = secrets.token_hex(6)
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._tables: OrderedDict[str, pa.Table] = OrderedDict()
+
+    def _full(self, relative: str) -> str:
+        parts = relative.split("/")
+        if relative.startswith("/") or ".." in parts or "" in parts:
+            raise InvalidSpecError(f"snapshot path {relative!r} must be relative to the store root", subject="path")
+        return f"{self._root.rstrip('/')}/{relative}"
+
+    def write_batch(self, *, group: str, writer: str, rows: list[SnapshotRow]) -> str:
+        """Write ``rows`` as one new immutable file; returns its path relative to the root.
+
+        Row ``i`` of the file is ``rows[i]``. The file appears under its final name
+        only once complete (and, on local disks, fsynced), so a path returned here
+        can be committed safely.
+
+        Raises:
+            InvalidSpecError (a ValueError): if ``rows`` is empty, mixes State
+                classes, or holds a version outside int64 or non-bytes ``extra``.
+            OSError: if the filesystem refuses the write.
+        """
+        if not rows:
+            raise InvalidSpecError("write_batch needs at least one row", subject="rows")
+        state_class = type(rows[0].state)
+        if any(type(row.state) is not state_class for row in rows):
+            raise InvalidSpecError("all rows of one batch must share one State class", subject="rows")
+        for row in rows:
+            if type(row.version) is not int or not -(2**63) <= row.version < 2**63 or type(row.extra) is not bytes:
+                detail = f"row {row.identity!r}: version must be an int64 int and extra bytes"
+                raise InvalidSpecError(detail, subject="rows")
+        codec = StateCodec.for_class(state_class)
+        columns, pickled = codec.to_columns([row.state for row in rows])
+        head = {
+            IDENTITY_COLUMN: pa.array([row.identity for row in rows], type=pa.string()),
+            VERSION_COLUMN: pa.array([row.version for row in rows], type=pa.int64()),
+            EXTRA_COLUMN: pa.array([row.extra for row in rows], type=pa.binary()),
+        }
+        metadata = {META_CLASS: codec.class_path.encode(), META_PICKLED: json.dumps(sorted(pickled)).encode()}
+        batch = pa.RecordBatch.from_pydict(head | columns).replace_schema_metadata(metadata)
+        with self._lock:
+            self._counter += 1
+            name = f"{_safe_name(writer)}-{self._token}-{self._counter:08d}.arrow"
+        folder = f"{_SNAPSHOTS}/{_safe_name(group)}"
+        relative, temporary = f"{folder}/{name}", f"{folder}/{_TEMP_PREFIX}{name}"
+        self._publish(batch, self._full(temporary), self._full(relative))
+        return relative
+
+    def _publish(self, batch: pa.RecordBatch, temporary: str, final: str) -> None:
+        if not self._local:
+            self._fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+            with self._fs.open_output_stream(temporary) as sink, ipc.new_file(sink, batch.schema) as out:
+                out.write_batch(batch)
+            self._fs.move(temporary, final)
+            return
+        folder = os.path.dirname(final)
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with open(temporary, "wb") as sink:
+                with ipc.new_file(sink, batch.schema) as out:
+                    out.write_batch(batch)
+                sink.flush()
+                os.fsync(sink.fileno())
+            os.replace(temporary, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            raise
+        # The rename itself must reach the disk before anyone commits the path.
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def read_row(
+        self, path: str, row: int, state_class: type[pydantic.BaseModel], *, identity: str, version: int
+    ) -> tuple[pydantic.BaseModel, bytes]:
+        """Return ``(state, extra)`` stored in row ``row`` of ``path``.
+
+        Raises:
+            SnapshotError: if the file is missing, not a valid Arrow IPC file, lacks
+                the row, holds another identity or version there, or its columns do
+                not fit ``state_class``. ``location`` is ``"<path>#<row>"``.
+        """
+        location = f"{path}#{row}"
+        table = self._open(path, identity=identity, location=location)
+
+        def fail(detail: str) -> SnapshotError:
+            return SnapshotError(identity=identity, location=location, detail=detail)
+
+        if not 0 <= row < table.num_rows:
+            raise fail(f"row {row} is out of range (the file has {table.num_rows} rows)")
+        found_identity = table.column(IDENTITY_COLUMN)[row].as_py()
+        found_version = table.column(VERSION_COLUMN)[row].as_py()
+        if found_identity != identity or found_version != version:
+            raise fail(
+                f"the row holds identity {found_identity!r} version {found_version}, "
+                f"expected {identity!r} version {version}"
+            )
+        state = StateCodec.for_class(state_class).from_row(table, row, identity=identity, location=location)
+        return state, table.column(EXTRA_COLUMN)[row].as_py()
+
+    def _open(self, path: str, *, identity: str, location: str) -> pa.Table:
+        with self._lock:
+            if path in self._tables:
+                self._tables.move_to_end(path)
+                return self._tables[path]
+        full = self._full(path)
+        try:
+            if self._local:
+                table = ipc.open_file(pa.memory_map(full)).read_all()
+            else:
+                with self._fs.open_input_file(full) as source:
+                    table = ipc.open_file(source).read_all()
+            # Full validation turns a corrupt body into an error here, not a crash later.
+            table.validate(full=True)
+        except FileNotFoundError:
+            raise SnapshotError(identity=identity, location=location, detail="the file is missing") from None
+        except (pa.ArrowInvalid, ValueError) as error:
+            raise SnapshotError(
+                identity=identity, location=location, detail=f"not a valid Arrow IPC file ({error})"
+            ) from None
+        except (pa.ArrowException, OSError) as error:
+            raise SnapshotError(
+                identity=identity, location=location, detail=f"the file could not be read ({error})"
+            ) from None
+        missing = ", ".join(sorted({IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN} - set(table.column_names)))
+        if missing:
+            raise SnapshotError(identity=identity, location=location, detail=f"not a rayfleet snapshot (no {missing})")
+        with self._lock:
+            self._tables[path] = table
+            while len(self._tables) > self.cache_size:
+                self._tables.popitem(last=False)
+        return table
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Remove the files at ``paths`` (relative to the root); missing files are ignored."""
+        for path in paths:
+            full = self._full(path)
+            with self._lock:
+                self._tables.pop(path, None)
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(full)
+
+    def _listing(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self._full(_SNAPSHOTS), recursive=True, allow_not_found=True)
+        return [info for info in self._fs.get_file_info(selector) if info.type == pafs.FileType.File]
+
+    def _relative(self, info: pafs.FileInfo) -> str:
+        return info.path[len(self._root.rstrip("/")) + 1 :]
+
+    def list_files(self) -> list[str]:
+        """Relative paths of every published ``.arrow`` file under ``snapshots/``, sorted."""
+        return sorted(
+            self._relative(info)
+            for info in self._listing()
+            if info.base_name.endswith(".arrow") and not info.base_name.startswith(_TEMP_PREFIX)
+        )
+
+    def collect_garbage(self, referenced: set[str], *, min_age: float = 60.0) -> list[str]:
+        """Delete unreferenced snapshot files and leftover temp files older than ``min_age`` seconds.
+
+        Young files survive because they may be written but not yet committed; files
+        whose age is unknown are kept. On remote stores, ``min_age`` must exceed the
+        clock skew between this host and the store. Returns the deleted relative paths.
+        """
+        cutoff = time.time_ns() - int(min_age * 1e9)
+        doomed = []
+        for info in self._listing():
+            relative = self._relative(info)
+            is_temp = info.base_name.startswith(_TEMP_PREFIX)
+            if not is_temp and (not info.base_name.endswith(".arrow") or relative in referenced):
+                continue
+            if info.mtime_ns is not None and info.mtime_ns < cutoff:
+                doomed.append(relative)
+        self.delete(doomed)
+        return sorted(doomed)

@@ -1,0 +1,19 @@
+"""Public test doubles: run rayfleet's Ray-free parts in one process, deterministically.
+
+Each public name of rayfleet is exported from exactly one namespace; these are the
+ones meant for tests.
+"""
+
+from __future__ import annotations
+
+from ..ledger._contract import LocalLedgerClient as LocalLedgerClient
+from ..llm._scripted import ScriptedModel as ScriptedModel
+from ..workflow._journal import InMemoryJournal as InMemoryJournal
+from ._clock import ManualClock as ManualClock
+
+__all__ = [
+    "InMemoryJournal",
+    "LocalLedgerClient",
+    "ManualClock",
+    "ScriptedModel",
+]
