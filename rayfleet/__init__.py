@@ -30,6 +30,7 @@ from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
 from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
+from .host._runtime import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
 from .identity._agent import NotInAgentContextError as NotInAgentContextError
 from .identity._agent import Reply as Reply
@@ -46,17 +47,21 @@ from .identity._values import IdentityStatus as IdentityStatus
 from .identity._values import LeaseInfo as LeaseInfo
 from .identity._values import LifecycleState as LifecycleState
 from .identity._values import TopologyPolicy as TopologyPolicy
+from .ledger._values import HostInfo as HostInfo
 from .llm._chat import ChatClient as ChatClient
 from .llm._chat import ChatMessage as ChatMessage
 from .llm._chat import ChatModel as ChatModel
 from .llm._chat import ChatReply as ChatReply
 from .llm._chat import reply_with_usage as reply_with_usage
-from .platform._fleet import AgentRef as AgentRef
 from .platform._fleet import Fleet as Fleet
 from .platform._fleet import FleetConfig as FleetConfig
 from .platform._fleet import connect as connect
-from .platform._runner import RunInfo as RunInfo
+from .platform._ref import AgentRef as AgentRef
+from .platform._runs_client import RunInfo as RunInfo
+from .platform._runs_client import RunsClient as RunsClient
+from .platform._topology_client import TopologyClient as TopologyClient
 from .retry import RetryPolicy as RetryPolicy
+from .roster._apply import ApplyReport as ApplyReport
 from .workflow._definition import AgentFailure as AgentFailure
 from .workflow._definition import AllOf as AllOf
 from .workflow._definition import AnyOf as AnyOf
@@ -66,6 +71,7 @@ from .workflow._definition import Quorum as Quorum
 from .workflow._definition import RunStatus as RunStatus
 from .workflow._definition import Select as Select
 from .workflow._definition import StepContext as StepContext
+from .workflow._definition import StepHandle as StepHandle
 from .workflow._definition import Workflow as Workflow
 from .workflow._definition import WorkflowOutcome as WorkflowOutcome
 
@@ -76,6 +82,10 @@ __all__ = [
     "AgentRef",
     "Fleet",
     "FleetConfig",
+    "HostInfo",
+    "HostStatistics",
+    "RunsClient",
+    "TopologyClient",
     "connect",
     # Defining agents
     "Agent",
@@ -101,8 +111,11 @@ __all__ = [
     "RunStatus",
     "Select",
     "StepContext",
+    "StepHandle",
     "Workflow",
     "WorkflowOutcome",
+    # Rosters
+    "ApplyReport",
     # Delivery
     "DeadLetter",
     "DeadLetterReason",

@@ -79,7 +79,7 @@ def _run(arguments: argparse.Namespace) -> int:
     fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace)
     try:
         if arguments.command == "status":
-            statuses = [fleet.status(arguments.identity)] if arguments.identity else fleet.list()
+            statuses = [fleet.status(arguments.identity)] if arguments.identity else fleet.list_agents()
             _print([asdict(status) for status in statuses])
         elif arguments.command == "send":
             try:
@@ -126,7 +126,7 @@ def _run(arguments: argparse.Namespace) -> int:
 def _runs(fleet: Any, arguments: argparse.Namespace) -> None:
     verb = arguments.runs_command
     if verb == "list":
-        _print([asdict(info) for info in fleet.runs.list()])
+        _print([asdict(info) for info in fleet.runs.list_runs()])
         return
     if verb == "cancel":
         fleet.runs.cancel(arguments.run_id)

@@ -29,11 +29,11 @@ def run_demo(*, storage: str | None = None, address: str | None = None, say: Cal
         bob = fleet.spawn("counter/bob", Counter, labels={"team": "b"})
         notes = fleet.spawn("notes/ops", Notebook)
         say("2. Spawned three agents by name: counter/alice, counter/bob, notes/ops.")
-        alice.call("add", n=2)
-        total = alice.call("add", n=3)
-        bob.call("add", n=40)
-        notes.call("write", author="alice", text="deploy at noon")
-        notes.call("write", author="bob", text="rollback plan ready")
+        alice.call(Counter.add, n=2)
+        total = alice.call(Counter.add, n=3)
+        bob.call(Counter.add, n=40)
+        notes.call(Notebook.write, author="alice", text="deploy at noon")
+        notes.call(Notebook.write, author="bob", text="rollback plan ready")
         before = fleet.status("counter/alice")
         say(f"3. counter/alice added 2 then 3 and holds {total}. It lives on {before.host} with fencing token "
             f"{before.lease.fencing_token if before.lease else '-'}; checkpoint version {before.checkpoint_version} "
@@ -42,26 +42,26 @@ def run_demo(*, storage: str | None = None, address: str | None = None, say: Cal
         assert victim is not None
         ray.kill(ray.get_actor(victim, namespace=DEMO_NAMESPACE))
         say(f"4. Killed host actor {victim} on purpose (ray.kill), without any warning to it.")
-        after_total = alice.call("add", n=1)
+        after_total = alice.call(Counter.add, n=1)
         after = fleet.status("counter/alice")
         token_before = before.lease.fencing_token if before.lease else 0
         token_after = after.lease.fencing_token if after.lease else 0
         say(f"5. Called counter/alice again: it answered {after_total} (5 + 1) from {after.host}. The new owner took "
             f"a larger fencing token ({token_before} -> {token_after}) and resumed from the last checkpoint; "
             f"a write from the old owner would now be refused.")
-        say(f"   notes/ops still reads {notes.call('read')}; counter/bob still holds {bob.call('get')}.")
+        say(f"   notes/ops still reads {notes.call(Notebook.read)}; counter/bob still holds {bob.call(Counter.get)}.")
         fleet.retire("counter/bob")
         try:
-            bob.call("add", n=1)
+            bob.call(Counter.add, n=1)
             refused = "no"
         except InvalidStateError as error:
             refused = str(error).split(".")[0]
         fleet.respawn("counter/bob")
-        say(f"6. Retired counter/bob: a call was refused ({refused}). Respawned it: it holds {bob.call('get')} again.")
+        say(f"6. Retired counter/bob: a call was refused ({refused}). Respawned it: it holds {bob.call(Counter.get)} again.")
         fleet.reset("notes/ops")
-        say(f"7. Reset notes/ops: generation {fleet.status('notes/ops').generation}, fresh notes {notes.call('read')}.")
+        say(f"7. Reset notes/ops: generation {fleet.status('notes/ops').generation}, fresh notes {notes.call(Notebook.read)}.")
         saga_ok = _trip_saga(fleet, say)
-        ok = after_total == 6 and token_after > token_before and bob.call("get") == 40 and saga_ok
+        ok = after_total == 6 and token_after > token_before and bob.call(Counter.get) == 40 and saga_ok
         say(f"Demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f}s: state survived a host "
             f"crash with exactly one owner per identity, and the sagas compensated and resumed.")
         return 0 if ok else 1
@@ -97,12 +97,12 @@ def _trip_saga(fleet: Fleet, say: Callable[[str], None]) -> bool:
         f"({str(bad.error).split(';')[0]}).")
     run_id = fleet.submit(_trip("trip-resumed", amount=200, delay=3.0))
     for _ in range(200):
-        if fleet.agent("hotel/main").call("report")["reservations"].get(run_id):
+        if fleet.agent("hotel/main").call(Booking.report)["reservations"].get(run_id):
             break
         time.sleep(0.05)
     ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=DEMO_NAMESPACE), no_restart=False)
     resumed = fleet.runs.wait(run_id, timeout=60)
-    airline = fleet.agent("airline/main").call("report")
+    airline = fleet.agent("airline/main").call(Booking.report)
     say(f"10. Submitted a third trip and killed its runner actor mid-run; Ray restarted it and it resumed from the "
         f"journal: {resumed.status.value}. The airline reserved {airline['calls']} times for 3 trips "
         f"(journaled steps were re-derived, not re-executed).")

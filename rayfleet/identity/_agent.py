@@ -118,6 +118,25 @@ def handler(function: HandlerFunction | None = None, *, thread: bool = False) ->
     return mark
 
 
+def handler_name(method: str | Callable[..., Any]) -> str:
+    """The name a message uses for ``method``: a handler's name, or a ``@rf.handler`` function itself.
+
+    Passing the function (``ref.call(Counter.add, n=1)``) lets a type checker and an
+    editor see which handler is meant; the message still carries only its name.
+
+    Raises:
+        InvalidSpecError: ``method`` is neither a string nor a ``@rf.handler`` function.
+    """
+    if isinstance(method, str):
+        return method
+    if callable(method) and hasattr(method, "__rayfleet_handler__"):
+        return str(method.__name__)
+    raise InvalidSpecError(
+        f"method must be a handler name or a @rf.handler function (e.g. MyAgent.add), got {method!r}",
+        subject="method",
+    )
+
+
 def _build_handler_info(name: str, function: Callable[..., Any], thread: bool) -> HandlerInfo:
     signature = inspect.signature(function)
     fields: dict[str, Any] = {}

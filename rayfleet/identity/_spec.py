@@ -32,7 +32,7 @@ class AgentSpec:
     addressability: Addressability = Addressability.ADDRESSABLE
     """``INTERNAL_ONLY`` agents refuse messages from outside the fleet."""
     labels: Mapping[str, str] = field(default_factory=dict)
-    """Capabilities, used by ``fleet.list(labels=...)`` and workflow selectors."""
+    """Capabilities, used by ``fleet.list_agents(labels=...)`` and workflow selectors."""
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to."""
     topology: TopologyPolicy = TopologyPolicy.OPEN

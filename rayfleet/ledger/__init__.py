@@ -1,6 +1,57 @@
-"""The ledger: the one authority for leases, fencing tokens, continuity records and durable queues.
+"""The ledger contract: every operation of the one authority for leases, fencing tokens and continuity.
 
-``LedgerClient`` (in ``_contract.py``) is the typed contract every caller uses; ``Ledger``
-implements it over a store, with the fencing rules written once. Plain Python, no Ray.
-Internal: nothing here is part of the public API except through :mod:`rayfleet.testing`.
+Hosts, drivers and the workflow runner reach the ledger only through a
+:class:`LedgerClient`; each operation returns a :class:`LedgerCall` (await it, or call
+``.result()``) whose reply is one of the frozen values below. Fenced writes present
+``(identity, fencing_token)`` and are refused with ``StaleFencingTokenError`` when a
+larger token was issued since. Plain Python, no Ray.
+
+Most users never touch this namespace: ``rayfleet.connect()`` wires a ledger up. It is
+public for tests (``rayfleet.testing.LocalLedgerClient`` serves this contract in one
+process) and for anyone implementing a store.
 """
+
+from __future__ import annotations
+
+from ..identity._values import LeaseDenied as LeaseDenied
+from ..identity._values import LeaseGrant as LeaseGrant
+from ..identity._values import SnapshotPointer as SnapshotPointer
+from ._contract import LedgerCall as LedgerCall
+from ._contract import LedgerClient as LedgerClient
+from ._values import Activation as Activation
+from ._values import CheckpointCommit as CheckpointCommit
+from ._values import EdgeRow as EdgeRow
+from ._values import IdentityView as IdentityView
+from ._values import JournalEntry as JournalEntry
+from ._values import JournalRecord as JournalRecord
+from ._values import LeaseView as LeaseView
+from ._values import RegisterOutcome as RegisterOutcome
+from ._values import RunRecord as RunRecord
+from ._values import SpecRecord as SpecRecord
+from ._values import StoredMessage as StoredMessage
+from ._values import TopologyChange as TopologyChange
+from ._values import TopologySnapshot as TopologySnapshot
+
+__all__ = [
+    # The contract
+    "LedgerCall",
+    "LedgerClient",
+    # What operations take
+    "CheckpointCommit",
+    "SpecRecord",
+    "TopologyChange",
+    # What operations return
+    "Activation",
+    "EdgeRow",
+    "IdentityView",
+    "JournalEntry",
+    "JournalRecord",
+    "LeaseDenied",
+    "LeaseGrant",
+    "LeaseView",
+    "RegisterOutcome",
+    "RunRecord",
+    "SnapshotPointer",
+    "StoredMessage",
+    "TopologySnapshot",
+]

@@ -1,14 +1,20 @@
-"""The seams of the identity core: what the host runtime needs from the outside world.
+"""The typed contract of the ledger: every operation, once, with typed arguments and frozen replies.
 
-:class:`LedgerClient` names every ledger operation a host uses, once; each transport
-only says how one call travels (``call``). ``platform`` sends calls to the ledger
-actor over Ray; :class:`LocalLedgerClient` calls a :class:`Ledger` in-process (unit
-tests, embedded use).
+Callers (hosts, the driver, the runner) hold a :class:`LedgerClient` and never a
+database. Each operation returns a :class:`LedgerCall`: ``await`` it from async code,
+or call ``.result()`` from blocking code; both give the reply or raise the ledger's
+refusal (a :class:`~rayfleet.errors.RayfleetError` such as ``StaleFencingTokenError``)
+as the ledger raised it. Each operation is one transaction; the rules behind each are
+documented on :class:`~rayfleet.ledger._ledger.Ledger`.
+
+Transports: ``rayfleet.platform`` sends each operation to the ledger actor over Ray;
+:class:`~rayfleet.ledger._local.LocalLedgerClient` runs it in this process.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ..errors import RayfleetError
 from ..identity._values import (
@@ -17,75 +23,244 @@ from ..identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
-from ._ledger import Activation, CheckpointCommit, IdentityView, Ledger, StoredMessage
+from ._values import (
+    DEFAULT_LEASE_TTL,
+    Activation,
+    CheckpointCommit,
+    HostInfo,
+    IdentityView,
+    JournalRecord,
+    RegisterOutcome,
+    RunRecord,
+    SpecRecord,
+    StoredMessage,
+    TopologyChange,
+    TopologySnapshot,
+)
+
+T_co = TypeVar("T_co", covariant=True)
 
 
-class LedgerClient:
-    """Async access to the ledger; see :class:`Ledger` for each method's guarantees."""
+class LedgerCall(Protocol[T_co]):
+    """One ledger operation in flight: awaitable, or waited for with :meth:`result`."""
 
-    async def call(self, method: str, **kwargs: Any) -> Any:
-        """Run any :class:`Ledger` method by name; each transport says how the call travels."""
-        raise NotImplementedError
+    def __await__(self) -> Generator[Any, None, T_co]: ...
 
-    async def acquire(
-        self, *, holder: str, identities: list[str], ttl: float, create_continuity: bool = True
-    ) -> dict[str, Activation | LeaseDenied | RayfleetError]:
-        return await self.call("acquire", holder=holder, identities=identities, ttl=ttl,
-                                create_continuity=create_continuity)
+    def result(self, timeout: float | None = None) -> T_co:
+        """Block until the reply arrives (at most ``timeout`` seconds) and return it, or raise the refusal."""
+        ...
 
-    async def renew(self, *, holder: str, tokens: dict[str, int]) -> dict[str, LeaseGrant | None]:
-        return await self.call("renew", holder=holder, tokens=tokens)
 
-    async def release(self, *, holder: str, tokens: dict[str, int]) -> int:
-        return await self.call("release", holder=holder, tokens=tokens)
+class LedgerClient(Protocol):
+    """Every ledger operation. Fenced writes present ``(identity, fencing_token)`` and are refused when stale."""
 
-    async def commit_checkpoints(self, commits: list[CheckpointCommit]) -> list[RayfleetError | None]:
-        return await self.call("commit_checkpoints", commits=commits)
+    # -- the ledger itself
+    def incarnation(self) -> LedgerCall[str]:
+        """An id that changes every time the ledger restarts."""
+        ...
 
-    async def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
-        await self.call("set_lifecycle", identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
-                         reason=reason)
+    # -- identities
+    def register(self, record: SpecRecord) -> LedgerCall[RegisterOutcome]:
+        """Record a spawned identity; idempotent for an identical spec (``InvalidSpecError`` for a different one)."""
+        ...
 
-    async def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
-        return await self.call("reset", identity=identity, fencing_token=fencing_token)
+    def apply_specs(self, *, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord]) -> LedgerCall[None]:
+        """Create and update many identities, all or nothing."""
+        ...
 
-    async def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
-        return await self.call("delete", identity=identity, fencing_token=fencing_token)
+    def resolve(self, identities: Iterable[str]) -> LedgerCall[dict[str, IdentityView]]:
+        """Views of the given identities; unknown ones are absent."""
+        ...
 
-    async def resolve(self, identities: list[str]) -> dict[str, IdentityView]:
-        return await self.call("resolve", identities=identities)
+    def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
+        """All identities, sorted, optionally only those whose labels include ``labels``."""
+        ...
 
-    async def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
-        await self.call("set_paused", identity=identity, fencing_token=fencing_token, paused=paused)
+    def set_lifecycle(
+        self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = ""
+    ) -> LedgerCall[None]:
+        """Persist retired / broken / live (fenced)."""
+        ...
 
-    async def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> int:
-        return await self.call("park", identity=identity, fencing_token=fencing_token, message_id=message_id,
-                                envelope=envelope)
+    def reset(self, *, identity: str, fencing_token: int) -> LedgerCall[ContinuityRecord]:
+        """Start a new generation with a fresh State (fenced)."""
+        ...
 
-    async def parked(self, identity: str, *, limit: int = 1000) -> list[StoredMessage]:
-        return await self.call("parked", identity=identity, limit=limit)
+    def delete(self, *, identity: str, fencing_token: int) -> LedgerCall[SnapshotPointer | None]:
+        """Remove the identity; its token high-water mark is kept forever (fenced)."""
+        ...
 
-    async def unpark(self, *, identity: str, fencing_token: int, seq: int) -> None:
-        await self.call("unpark", identity=identity, fencing_token=fencing_token, seq=seq)
+    # -- leases and fencing
+    def acquire(
+        self, *, holder: str, identities: Iterable[str], ttl: float = DEFAULT_LEASE_TTL, create_continuity: bool = True
+    ) -> LedgerCall[dict[str, Activation | LeaseDenied | RayfleetError]]:
+        """Grant leases under strictly larger tokens, persisted before the reply."""
+        ...
 
-    async def cancel_parked(self, *, identity: str, fencing_token: int) -> int:
-        return await self.call("cancel_parked", identity=identity, fencing_token=fencing_token)
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
+        """Extend leases still held with the same token; ``None`` marks a lost one."""
+        ...
 
-    async def wired_peers(self, identities: list[str]) -> dict[str, tuple[str, ...]]:
-        return await self.call("wired_peers", identities=identities)
+    def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
+        """Give up leases still held with the given tokens; returns how many."""
+        ...
 
-    async def add_dead_letter(
+    def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
+        """Drop every lease of a holder known to be dead; returns the freed identities."""
+        ...
+
+    def check_fence(self, identity: str, token: int) -> LedgerCall[None]:
+        """Raise unless ``token`` is the identity's current high-water mark."""
+        ...
+
+    def high_water(self, identity: str) -> LedgerCall[int]:
+        """The highest token ever issued for ``identity`` (0 if none)."""
+        ...
+
+    # -- checkpoints
+    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+        """Move snapshot pointers (fenced, versions strictly increasing); one refusal or ``None`` per commit."""
+        ...
+
+    def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
+        """The remembered idempotency keys of an identity with their replies, oldest first."""
+        ...
+
+    def referenced_snapshot_files(self) -> LedgerCall[set[str]]:
+        """Every snapshot file a continuity record points at."""
+        ...
+
+    # -- topology
+    def wired_peers(self, identities: Iterable[str]) -> LedgerCall[dict[str, tuple[str, ...]]]:
+        """The live peers of each identity."""
+        ...
+
+    def set_desired_edge(self, *, a: str, b: str, desired: bool) -> LedgerCall[None]:
+        """Add or remove an explicit desired edge (canonical ``a < b``)."""
+        ...
+
+    def topology(self) -> LedgerCall[TopologySnapshot]:
+        """Everything reconciliation needs, in one consistent view."""
+        ...
+
+    def apply_topology(self, change: TopologyChange) -> LedgerCall[None]:
+        """Change live edges in one transaction."""
+        ...
+
+    # -- workflow runs
+    def create_run(
+        self, *, run_id: str, workflow: str, code_version: str, definition: bytes | None, force: bool = False
+    ) -> LedgerCall[str]:
+        """Register a run or find it again to resume it; returns its status."""
+        ...
+
+    def run(self, run_id: str) -> LedgerCall[RunRecord | None]:
+        """The registry record of a run, or ``None``."""
+        ...
+
+    def list_runs(self, *, statuses: Sequence[str] | None = None) -> LedgerCall[list[RunRecord]]:
+        """Runs in creation order, optionally only those in ``statuses``."""
+        ...
+
+    def run_definition(self, run_id: str) -> LedgerCall[bytes | None]:
+        """The pickled workflow of a submitted run."""
+        ...
+
+    def set_run_status(
+        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+    ) -> LedgerCall[None]:
+        """Record a run's status (``detail=None`` keeps the recorded detail)."""
+        ...
+
+    def request_run(
+        self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
+    ) -> LedgerCall[bool]:
+        """Ask a run to cancel, pause or resume; False for an unknown run."""
+        ...
+
+    def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
+        """A run's journaled steps and successful compensations."""
+        ...
+
+    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
+        """Journal one step's output once (a repeat keeps the first)."""
+        ...
+
+    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
+        """Record a compensation and whether it succeeded."""
+        ...
+
+    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
+        """A strictly larger fencing token for an exclusive step of a run."""
+        ...
+
+    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
+        """Give up a run lease if ``holder`` still holds it."""
+        ...
+
+    # -- pause, parking and dead letters
+    def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
+        """Persist the pause flag (fenced)."""
+        ...
+
+    def is_paused(self, identity: str) -> LedgerCall[bool]:
+        """Whether the identity is paused."""
+        ...
+
+    def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> LedgerCall[int]:
+        """Hold a message durably, in order (fenced); returns its sequence number."""
+        ...
+
+    def parked(self, identity: str, *, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
+        """Parked messages of an identity, oldest first."""
+        ...
+
+    def unpark(self, *, identity: str, fencing_token: int, seq: int) -> LedgerCall[None]:
+        """Forget a parked message once its replay was handled (fenced)."""
+        ...
+
+    def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
+        """Move parked messages to the dead letters (fenced); returns how many."""
+        ...
+
+    def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
-    ) -> int:
-        return await self.call("add_dead_letter", identity=identity, message_id=message_id, envelope=envelope,
-                                reason=reason, error=error, attempts=attempts)
+    ) -> LedgerCall[int]:
+        """Record a message that could not be handled; returns its letter id (not fenced)."""
+        ...
+
+    def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
+        """Dead letters, oldest first, optionally of one identity."""
+        ...
+
+    def dead_letter(self, letter_id: int) -> LedgerCall[StoredMessage | None]:
+        """One dead letter by id, or ``None``."""
+        ...
+
+    def purge_dead_letters(
+        self, *, identity: str | None = None, ids: Sequence[int] | None = None, before: float | None = None
+    ) -> LedgerCall[int]:
+        """Delete dead letters matching every given filter; returns how many."""
+        ...
+
+    # -- hosts
+    def register_host(self, *, name: str, holder: str) -> LedgerCall[list[str]]:
+        """Record a host incarnation; leases of an earlier incarnation of the name are freed."""
+        ...
+
+    def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
+        """Forget a host and free its leases."""
+        ...
+
+    def set_host_draining(self, *, name: str, draining: bool) -> LedgerCall[None]:
+        """Mark a host as draining (no new activations) or not."""
+        ...
+
+    def hosts(self) -> LedgerCall[list[HostInfo]]:
+        """Registered hosts, by name."""
+        ...
 
 
-class LocalLedgerClient(LedgerClient):
-    """A :class:`LedgerClient` over a ``Ledger`` in the same process (tests, embedded use)."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-
-    async def call(self, method: str, **kwargs: Any) -> Any:
-        return getattr(self.ledger, method)(**kwargs)
+def ledger_operations() -> frozenset[str]:
+    """The names of every operation of :class:`LedgerClient` (what a transport must serve, and nothing else)."""
+    return frozenset(name for name in vars(LedgerClient) if not name.startswith("_"))

@@ -1,4 +1,4 @@
-"""``Fleet``: the driver's handle on a rayfleet deployment, and ``AgentRef``."""
+"""``Fleet``: the driver's handle on a rayfleet deployment, and ``connect``, which makes one."""
 
 from __future__ import annotations
 
@@ -21,46 +21,34 @@ from ..errors import (
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
-    UnknownIdentityError,
 )
-from ..host._messages import (
-    DeadLetter,
-    DeadLetterReason,
-    Envelope,
-    ParkedMessage,
-)
-from ..host._runtime import HostStatistics, holder_host
+from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
+from ..host._runtime import HostStatistics
 from ..identity._agent import Agent
 from ..identity._names import validate_identity
 from ..identity._spec import AgentSpec
 from ..identity._values import (
-    PERSISTED_BROKEN,
-    PERSISTED_RETIRED,
     Addressability,
     Durability,
     EventKind,
     IdentityEvent,
     IdentityStatus,
-    LeaseInfo,
     LifecycleState,
     TopologyPolicy,
-    lease_is_healthy,
 )
-from ..ledger._ledger import HostView, IdentityView
+from ..ledger._values import HostInfo, SpecRecord
 from ..retry import RetryPolicy
+from ..roster._apply import ApplyReport
+from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ._host_actor import AgentHost
-from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, SyncLedger
-from ._routing import Courier, HostDirectory
-from ._runner import (
-    RUNNER_ACTOR_NAME,
-    RunnerActor,
-    RunsClient,
-    execute_run,
-    new_run_id,
-    start_on_runner,
-)
-from ._topology_client import ApplyReport, TopologyClient, apply_roster
+from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
+from ._ref import AgentRef, send
+from ._routing import Courier, HostDirectory, HostRequest
+from ._runner import RunnerClient, execute_run, new_run_id
+from ._runs_client import RunsClient
+from ._status import identity_status, view_of
+from ._topology_client import HostNotifier, TopologyClient
 
 log = logging.getLogger("rayfleet.fleet")
 
@@ -153,17 +141,17 @@ class Fleet:
             self._started_ray = config.address is None
         self.storage = _absolute_storage(config.storage)
         self.ledger_path = config.ledger_path or _default_ledger_path(self.storage)
-        ledger_handle = LedgerActor.options(
+        self._ledger = RayLedgerClient(LedgerActor.options(
             name=LEDGER_ACTOR_NAME, namespace=config.namespace, lifetime="detached", get_if_exists=True
-        ).remote(self.ledger_path)
-        self._ledger = SyncLedger(ledger_handle)
-        ray.get(ledger_handle.ping.remote())
-        self._courier = Courier(HostDirectory(config.namespace), ledger_handle)
+        ).remote(self.ledger_path))
+        self._ledger.incarnation().result()
+        self._courier = Courier(HostDirectory(config.namespace), self._ledger)
+        self._runner = RunnerClient(config.namespace)
         self._snapshots: SnapshotStore | None = None
-        self.topology = TopologyClient(self)
-        self.runs = RunsClient(self)
-        """The run registry: ``get``, ``list``, ``wait``, ``cancel``, ``pause``, ``resume``."""
+        self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
+        self.runs = RunsClient(self._ledger, self._runner)
+        """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
         self._ensure_hosts()
 
     # -- hosts ----------------------------------------------------------------------
@@ -184,16 +172,16 @@ class Fleet:
 
     def add_host(self) -> str:
         """Start one more host actor and return its name."""
-        names = {host.name for host in self._ledger.call("hosts")}
+        names = {host.name for host in self._ledger.hosts().result()}
         index = next(i for i in range(len(names) + 1) if f"{HOST_NAME_PREFIX}{i}" not in names)
         name = f"{HOST_NAME_PREFIX}{index}"
         ray.get(self._start_host(name).start.remote())
         self._courier.refresh_sync()
         return name
 
-    def hosts(self) -> list[HostView]:
+    def hosts(self) -> list[HostInfo]:
         """The registered hosts (name, lease holder id, start time, draining)."""
-        return list(self._ledger.call("hosts"))
+        return self._ledger.hosts().result()
 
     def host_statistics(self) -> list[HostStatistics]:
         """Counters of every live host."""
@@ -261,21 +249,14 @@ class Fleet:
                 checkpoint_interval=checkpoint_interval, display_name=display_name, context=context or {},
                 retry=retry or RetryPolicy(), dedup_capacity=dedup_capacity,
             )
-        outcome = self._ledger.register(**self._spec_record(spec))
+        outcome = self._ledger.register(spec_record(spec)).result()
         if outcome.created and (spec.peers or outcome.awaited):
             self.topology.reconcile()
-        ref = AgentRef(self, spec.identity)
+        ref = AgentRef(self._courier, spec.identity)
         if eager:
-            self._courier.route_sync(spec.identity, "activate")
+            identity = spec.identity
+            self._courier.route_sync(identity, lambda host: host.activate.remote(identity), method="activate")
         return ref
-
-    def _spec_record(self, spec: AgentSpec) -> dict[str, Any]:
-        """The ledger's columns for a spec (the spec itself travels pickled)."""
-        return {
-            "identity": spec.identity, "spec": pickle_spec(spec), "fingerprint": spec.fingerprint(),
-            "agent_class": spec.agent_class_path, "labels": dict(spec.labels),
-            "addressability": spec.addressability.value, "peers": tuple(spec.peers),
-        }
 
     def apply(
         self, roster: str | os.PathLike[str] | list[AgentSpec] | list[dict[str, Any]], *, dry_run: bool = False,
@@ -291,29 +272,49 @@ class Fleet:
             InvalidSpecError: naming the file and line, or the identity, of the first
                 problem; nothing is applied.
         """
-        return apply_roster(self, roster, dry_run=dry_run, prune=prune)
+        specs = load_roster(roster)
+        current = {view.identity: view for view in self._ledger.list_identities().result()}
+        validate_roster(specs, existing=current.keys())
+        change: RosterChange = plan_roster(
+            specs, {identity: cloudpickle.loads(view.spec) for identity, view in current.items()}, prune=prune
+        )
+        # Pruning an identity that is already retired would change nothing but its token.
+        retired_now = {identity for identity, view in current.items()
+                       if identity_status(view).state is LifecycleState.RETIRING}
+        to_retire = tuple(identity for identity in change.prune if identity not in retired_now)
+        created = tuple(spec.identity for spec in change.create)
+        updated = {spec.identity: list(fields) for spec, fields in change.update}
+        if dry_run:
+            return ApplyReport(created=created, updated=updated, unchanged=tuple(change.unchanged), retired=to_retire,
+                               topology=None, dry_run=True)
+        self._ledger.apply_specs(
+            creates=[spec_record(spec) for spec in change.create],
+            updates=[spec_record(spec) for spec, _ in change.update],
+        ).result()
+        for spec, _ in change.update:
+            # The owner reloads the new spec when the agent next activates.
+            self.deactivate(spec.identity)
+        for identity in to_retire:
+            self.retire(identity, reconcile=False)
+        return ApplyReport(created=created, updated=updated, unchanged=tuple(change.unchanged), retired=to_retire,
+                           topology=self.topology.reconcile(), dry_run=False)
 
     def agent(self, identity: str) -> AgentRef:
         """A ref to an existing agent by name (existence is checked on first use)."""
-        return AgentRef(self, validate_identity(identity))
+        return AgentRef(self._courier, validate_identity(identity))
 
     def spec(self, identity: str) -> AgentSpec:
         """The spec an identity was spawned with."""
-        return cloudpickle.loads(self._view(identity).spec)
-
-    def _view(self, identity: str) -> IdentityView:
-        views = self._ledger.call("resolve", identities=[validate_identity(identity)])
-        if identity not in views:
-            raise UnknownIdentityError(identity=identity)
-        return views[identity]
+        spec: AgentSpec = cloudpickle.loads(view_of(self._ledger, identity).spec)
+        return spec
 
     def status(self, identity: str) -> IdentityStatus:
         """Where ``identity`` is in its life, who owns it, and its lease."""
-        return _status(self._view(identity))
+        return identity_status(view_of(self._ledger, identity))
 
-    def list(self, labels: Mapping[str, str] | None = None) -> list[IdentityStatus]:
+    def list_agents(self, labels: Mapping[str, str] | None = None) -> list[IdentityStatus]:
         """Statuses of all identities (sorted), or those whose labels include ``labels``."""
-        return [_status(view) for view in self._ledger.call("list_identities", labels=dict(labels or {}))]
+        return [identity_status(view) for view in self._ledger.list_identities(labels=dict(labels or {})).result()]
 
     def retire(self, identity: str, *, reconcile: bool = True) -> int:
         """Checkpoint and deactivate; calls then fail with ``InvalidStateError`` until respawn.
@@ -321,35 +322,35 @@ class Fleet:
         Its managed peer edges are unwired. Returns the fencing token the retirement
         was written with.
         """
-        token = int(self._lifecycle(identity, "retire"))
+        token = int(self._lifecycle(identity, "retire", lambda host: host.retire.remote(identity)))
         if reconcile:
             self.topology.reconcile()
         return token
 
     def respawn(self, identity: str) -> IdentityStatus:
         """Bring a retired, broken or live identity back from its last committed State (and its edges)."""
-        self._lifecycle(identity, "respawn")
+        self._lifecycle(identity, "respawn", lambda host: host.respawn.remote(identity))
         self.topology.reconcile()
         return self.status(identity)
 
     def reset(self, identity: str) -> IdentityStatus:
         """New generation and session, fresh State; the old State is discarded. Edges are kept."""
-        self._lifecycle(identity, "reset")
+        self._lifecycle(identity, "reset", lambda host: host.reset.remote(identity))
         self.topology.reconcile()
         return self.status(identity)
 
     def delete(self, identity: str) -> None:
         """Remove the identity and its continuity record; later calls raise ``UnknownIdentityError``."""
-        self._lifecycle(identity, "delete")
+        self._lifecycle(identity, "delete", lambda host: host.delete.remote(identity))
         self._courier.directory.forget(identity)
 
     def deactivate(self, identity: str) -> bool:
         """Checkpoint and release an active agent now (it reactivates on its next message)."""
-        return bool(self._lifecycle(identity, "deactivate"))
+        return bool(self._lifecycle(identity, "deactivate", lambda host: host.deactivate.remote(identity)))
 
-    def _lifecycle(self, identity: str, operation: str) -> Any:
-        self._view(identity)  # unknown identities fail here, with a clear error
-        return self._courier.route_sync(identity, "lifecycle", operation)
+    def _lifecycle(self, identity: str, operation: str, request: HostRequest) -> Any:
+        view_of(self._ledger, identity)  # unknown identities fail here, with a clear error
+        return self._courier.route_sync(identity, request, method=operation)
 
     # -- pause, parking and dead letters ---------------------------------------------
 
@@ -359,31 +360,31 @@ class Fleet:
         Callers of ``call`` wait (up to their timeout) while their message is parked.
         The pause survives host failover.
         """
-        self._lifecycle(identity, "pause")
+        self._lifecycle(identity, "pause", lambda host: host.pause.remote(identity))
 
     def resume(self, identity: str) -> int:
         """Replay parked messages oldest first through the same gates, then take new work.
 
         Returns how many parked messages were replayed.
         """
-        return int(self._lifecycle(identity, "resume"))
+        return int(self._lifecycle(identity, "resume", lambda host: host.resume.remote(identity)))
 
     def parked(self, identity: str) -> list[ParkedMessage]:
         """Messages held for a paused identity, oldest first."""
-        self._view(identity)
+        view_of(self._ledger, identity)
         return [
             ParkedMessage(seq=item.id, identity=item.identity, envelope=cloudpickle.loads(item.envelope),
                           parked_at=item.at)
-            for item in self._ledger.call("parked", identity=identity, limit=1_000_000)
+            for item in self._ledger.parked(identity, limit=1_000_000).result()
         ]
 
     def cancel_parked(self, identity: str) -> int:
         """Drop the parked work of ``identity`` into the dead-letter log (reason CANCELLED)."""
-        return int(self._lifecycle(identity, "cancel_parked"))
+        return int(self._lifecycle(identity, "cancel_parked", lambda host: host.cancel_parked.remote(identity)))
 
     def dead_letters(self, identity: str | None = None, *, limit: int = 1000) -> list[DeadLetter]:
         """Messages that could not be handled, oldest first, optionally for one identity."""
-        stored = self._ledger.call("dead_letters", identity=identity, limit=limit)
+        stored = self._ledger.dead_letters(identity=identity, limit=limit).result()
         return [
             DeadLetter(id=item.id, identity=item.identity, envelope=cloudpickle.loads(item.envelope),
                        reason=DeadLetterReason(item.reason), error=item.error, attempts=item.attempts, at=item.at)
@@ -396,33 +397,27 @@ class Fleet:
         The letter is removed once the message has been delivered, whatever the
         outcome: if it fails again, the host records a new dead letter for it.
         """
-        letter = self._ledger.call("dead_letter", letter_id=letter_id)
+        letter = self._ledger.dead_letter(letter_id).result()
         if letter is None:
             raise InvalidSpecError(
                 f"there is no dead letter {letter_id}; list them with fleet.dead_letters()", subject="letter_id"
             )
         envelope: Envelope = cloudpickle.loads(letter.envelope)
         try:
-            reply = self._send(envelope, timeout=timeout)
+            reply = send(self._courier, envelope, timeout=timeout)
         except (FleetUnavailableError, DeadlineExceededError):
             raise  # perhaps never delivered: the letter stays
         except RayfleetError:
-            self._ledger.call("purge_dead_letters", ids=[letter_id])
+            self._ledger.purge_dead_letters(ids=[letter_id]).result()
             raise
-        self._ledger.call("purge_dead_letters", ids=[letter_id])
+        self._ledger.purge_dead_letters(ids=[letter_id]).result()
         return reply
 
     def purge_dead_letters(
         self, identity: str | None = None, *, ids: list[int] | None = None, before: float | None = None
     ) -> int:
         """Delete dead letters matching every given filter; returns how many were deleted."""
-        return int(self._ledger.call("purge_dead_letters", identity=identity, ids=ids, before=before))
-
-    def _send(self, envelope: Envelope, *, timeout: float | None = None) -> Any:
-        try:
-            return self._courier.route_sync(envelope.target, "deliver", envelope, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise DeadlineExceededError(identity=envelope.target, method=envelope.method, timeout=timeout or 0.0) from None
+        return self._ledger.purge_dead_letters(identity=identity, ids=ids, before=before).result()
 
     # -- workflows ------------------------------------------------------------------
 
@@ -451,8 +446,8 @@ class Fleet:
         """:meth:`run`, awaited."""
         workflow.validate()
         run_id = run_id or new_run_id(workflow)
-        self._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
-                          code_version=workflow.code_version(), definition=None, force=force)
+        self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
+                                definition=None, force=force).result()
         return await execute_run(self._courier, workflow, run_id)
 
     def submit(self, workflow: Workflow, *, run_id: str | None = None) -> str:
@@ -465,19 +460,14 @@ class Fleet:
         """
         workflow.validate(for_submit=True)
         run_id = run_id or new_run_id(workflow)
-        self._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
-                          code_version=workflow.code_version(), definition=cloudpickle.dumps(workflow))
-        start_on_runner(self, run_id)
+        self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
+                                definition=cloudpickle.dumps(workflow)).result()
+        self._runner.start(run_id)
         return run_id
-
-    def _runner(self) -> ray.actor.ActorHandle:
-        return RunnerActor.options(
-            name=RUNNER_ACTOR_NAME, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
-        ).remote(self.config.namespace)
 
     def collect_garbage(self, *, min_age: float = 60.0) -> list[str]:
         """Delete snapshot files no continuity record points at and older than ``min_age`` seconds."""
-        referenced = self._ledger.call("referenced_snapshot_files")
+        referenced = self._ledger.referenced_snapshot_files().result()
         return self._snapshot_store().collect_garbage(referenced, min_age=min_age)
 
     def _snapshot_store(self) -> SnapshotStore:
@@ -493,7 +483,7 @@ class Fleet:
         Only events emitted after the subscription opened are delivered. A slow
         reader loses the oldest events beyond 64 per host rather than stalling it.
         """
-        self._view(identity)
+        view_of(self._ledger, identity)
         subscriber = uuid.uuid4().hex
         directory = self._courier.directory
         await self._courier.refresh_async()
@@ -543,11 +533,8 @@ class Fleet:
                 log.warning("host shutdown: %s", error)
             for handle in handles:
                 ray.kill(handle)
-            try:
-                ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.config.namespace))
-            except ValueError:
-                pass  # no run was ever submitted
-            ray.kill(self._ledger.handle)
+            self._runner.stop()
+            ray.kill(self._ledger.actor)
         if self._started_ray:
             ray.shutdown()
 
@@ -558,139 +545,12 @@ class Fleet:
         self.shutdown()
 
 
-class AgentRef:
-    """A handle on one agent by name; cheap to create, safe to share."""
-
-    __slots__ = ("_fleet", "identity")
-
-    def __init__(self, fleet: Fleet, identity: str) -> None:
-        self._fleet = fleet
-        self.identity = identity
-
-    def __repr__(self) -> str:
-        return f"AgentRef({self.identity!r})"
-
-    def envelope(
-        self,
-        method: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        fence: int | None = None,
-    ) -> Envelope:
-        """The message a call sends (``sender`` is empty: the caller is outside the fleet)."""
-        return Envelope(
-            target=self.identity, method=method, args=args, kwargs=kwargs, idempotency_key=idempotency_key,
-            deadline=deadline, conversation=conversation, fence=fence,
-        )
-
-    def call(
-        self,
-        method: str,
-        /,
-        *args: Any,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        fence: int | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Run handler ``method`` and return its value (blocking).
-
-        Args:
-            timeout: seconds to wait for the reply (``DeadlineExceededError`` after).
-            idempotency_key: calls with the same key (from the same sender) have their
-                effect once; repeats get the original reply.
-            deadline: wall-clock time (``time.time()``) after which the message is not
-                run but dead-lettered.
-            conversation, fence: a message whose fence is lower than one already seen
-                in its conversation is refused (``StaleFencingTokenError``).
-
-        Raises:
-            HandlerError: the handler raised (remote type, message and traceback inside).
-            DeadlineExceededError: no reply within ``timeout`` seconds, or the deadline passed.
-            UnknownIdentityError, UnknownHandlerError, InvalidArgumentsError,
-            InvalidStateError, NotAddressableError, StaleFencingTokenError,
-            LeaseLostError, FleetUnavailableError.
-        """
-        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
-        return self._fleet._send(envelope, timeout=timeout)
-
-    async def ask(
-        self,
-        method: str,
-        /,
-        *args: Any,
-        timeout: float | None = None,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        fence: int | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """``call``, awaited."""
-        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
-        work = self._fleet._courier.route_async(self.identity, "deliver", envelope)
-        try:
-            return await asyncio.wait_for(work, timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceededError(identity=self.identity, method=method, timeout=timeout or 0.0) from None
-
-    def tell(
-        self,
-        method: str,
-        /,
-        *args: Any,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        fence: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Send without waiting for the turn; failures go to the dead-letter log."""
-        envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
-        self._fleet._courier.route_sync(self.identity, "tell", envelope)
-
-    def status(self) -> IdentityStatus:
-        return self._fleet.status(self.identity)
-
-
-def _status(view: IdentityView) -> IdentityStatus:
-    record, lease = view.continuity, view.lease
-    if view.lifecycle == PERSISTED_RETIRED:
-        state = LifecycleState.RETIRING
-    elif view.lifecycle == PERSISTED_BROKEN:
-        state = LifecycleState.BROKEN
-    elif lease is not None:
-        state = LifecycleState.ACTIVE
-    elif record is None:
-        state = LifecycleState.UNINITIALIZED
-    else:
-        state = LifecycleState.DORMANT
-    return IdentityStatus(
-        identity=view.identity,
-        state=state,
-        generation=None if record is None else record.generation,
-        checkpoint_version=None if record is None or record.checkpoint_version == 0 else record.checkpoint_version,
-        runtime_id=None if record is None else record.runtime_id,
-        session_id=None if record is None else record.session_id,
-        lease=None if lease is None else LeaseInfo(
-            fencing_token=lease.fencing_token, ttl_remaining=lease.expires_in,
-            healthy=lease_is_healthy(lease.ttl, lease.expires_in),
-        ),
-        host=None if lease is None else holder_host(lease.holder),
-        agent_class=view.agent_class,
-        labels=dict(view.labels),
-        addressability=Addressability(view.addressability),
-        paused=view.paused,
-        broken_reason=view.reason if view.lifecycle == PERSISTED_BROKEN else "",
+def spec_record(spec: AgentSpec) -> SpecRecord:
+    """The ledger's record of a spec (the spec itself travels pickled)."""
+    return SpecRecord(
+        identity=spec.identity, spec=pickle_spec(spec), fingerprint=spec.fingerprint(),
+        agent_class=spec.agent_class_path, labels=dict(spec.labels), addressability=spec.addressability.value,
+        peers=tuple(spec.peers),
     )
 
 

@@ -24,7 +24,15 @@ from ..host._runtime import (
 )
 from ..identity._values import IdentityEvent
 from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
-from ._routing import ERROR, OK, REDIRECT, RETRY, Courier, HostDirectory
+from ._routing import (
+    ERROR,
+    OK,
+    REDIRECT,
+    RETRY,
+    Courier,
+    HostDirectory,
+    deliver_request,
+)
 
 log = logging.getLogger("rayfleet.host")
 
@@ -48,7 +56,7 @@ class _HostRouter:
         runtime = self._host.runtime
         if runtime.is_active(target):
             return (await runtime.deliver_envelope(envelope)).value
-        return await self._host.courier.route_async(target, "deliver", envelope)
+        return await self._host.courier.route_async(target, deliver_request(envelope), method=method)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -77,9 +85,8 @@ class AgentHost:
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             try:
-                ledger_handle = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self.namespace)
-                ledger = RayLedgerClient(ledger_handle)
-                self.courier = Courier(HostDirectory(self.namespace), ledger_handle)
+                ledger = RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=self.namespace))
+                self.courier = Courier(HostDirectory(self.namespace), ledger)
                 self.runtime = HostRuntime(
                     name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
                     lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
@@ -146,7 +153,7 @@ class AgentHost:
 
         async def forward() -> None:
             try:
-                await self.courier.route_async(identity, "deliver", envelope)
+                await self.courier.route_async(identity, deliver_request(envelope), method=envelope.method)
             except Exception as error:
                 log.warning("tell %s.%s failed: %s", identity, envelope.method, error)
 
@@ -156,24 +163,41 @@ class AgentHost:
     async def activate(self, identity: str) -> tuple[str, Any]:
         return await self._serve(self.runtime.activate(identity))
 
-    async def lifecycle(self, identity: str, operation: str) -> tuple[str, Any]:
-        operations = {
-            "retire": self.runtime.retire,
-            "respawn": self.runtime.respawn,
-            "reset": self.runtime.reset,
-            "delete": self.runtime.delete,
-            "deactivate": self.runtime.deactivate,
-            "pause": self.runtime.pause,
-            "resume": self.runtime.resume,
-            "cancel_parked": self.runtime.cancel_parked,
-        }
-        return await self._serve(operations[operation](identity))
+    # -- lifecycle operations: each is fenced by the runtime before it has any effect
+
+    async def retire(self, identity: str) -> tuple[str, Any]:
+        """Reply: the fencing token the retirement was written with."""
+        return await self._serve(self.runtime.retire(identity))
+
+    async def respawn(self, identity: str) -> tuple[str, Any]:
+        return await self._serve(self.runtime.respawn(identity))
+
+    async def reset(self, identity: str) -> tuple[str, Any]:
+        return await self._serve(self.runtime.reset(identity))
+
+    async def delete(self, identity: str) -> tuple[str, Any]:
+        return await self._serve(self.runtime.delete(identity))
+
+    async def deactivate(self, identity: str) -> tuple[str, Any]:
+        """Reply: whether the agent was active."""
+        return await self._serve(self.runtime.deactivate(identity))
+
+    async def pause(self, identity: str) -> tuple[str, Any]:
+        return await self._serve(self.runtime.pause(identity))
+
+    async def resume(self, identity: str) -> tuple[str, Any]:
+        """Reply: how many parked messages were replayed."""
+        return await self._serve(self.runtime.resume(identity))
+
+    async def cancel_parked(self, identity: str) -> tuple[str, Any]:
+        """Reply: how many parked messages were dead-lettered."""
+        return await self._serve(self.runtime.cancel_parked(identity))
 
     async def drain(self, timeout: float) -> int:
         """Stop new activations, then checkpoint and release every agent within ``timeout`` seconds."""
         await self.start()
         self.runtime.draining = True
-        await self.courier.ledger.call.remote("set_host_draining", {"name": self.name, "draining": True})
+        await self.courier.ledger.set_host_draining(name=self.name, draining=True)
         try:
             return await asyncio.wait_for(self.runtime.deactivate_all(), timeout)
         except asyncio.TimeoutError:
@@ -182,14 +206,14 @@ class AgentHost:
     async def undrain(self) -> None:
         await self.start()
         self.runtime.draining = False
-        await self.courier.ledger.call.remote("set_host_draining", {"name": self.name, "draining": False})
+        await self.courier.ledger.set_host_draining(name=self.name, draining=False)
 
     async def shutdown(self) -> int:
         """Checkpoint and release every agent, then leave the ledger's host list."""
         await self.start()
         count = len(self.runtime.active_identities())
         await self.runtime.shutdown(checkpoint=True)
-        await self.courier.ledger.call.remote("remove_host", {"name": self.name, "holder": self.runtime.holder})
+        await self.courier.ledger.remove_host(name=self.name, holder=self.runtime.holder)
         return count
 
     async def refresh_peers(self) -> int:

@@ -1,39 +1,46 @@
-"""The ledger as a detached, restartable Ray actor, and the client hosts use to reach it."""
+"""The ledger as a detached, restartable Ray actor, and the client that reaches it over Ray.
+
+``LedgerActor`` serves exactly the operations of the typed contract
+(:class:`~rayfleet.ledger._contract.LedgerClient`), one named actor method each, and
+nothing else: the ``Ledger`` it wraps is private to it. Ray runs the methods one at a
+time in arrival order. A refusal (a ``RayfleetError``) travels back as a value, so the
+caller receives the ledger's own error rather than Ray's wrapper around it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import ray
 
 from ..errors import RayfleetError
-from ..ledger._contract import LedgerClient
-from ..ledger._ledger import HostView, Ledger, RegisterOutcome
+from ..identity._values import (
+    ContinuityRecord,
+    LeaseDenied,
+    LeaseGrant,
+    SnapshotPointer,
+)
+from ..ledger._contract import LedgerCall
+from ..ledger._ledger import Ledger
+from ..ledger._values import (
+    DEFAULT_LEASE_TTL,
+    Activation,
+    CheckpointCommit,
+    HostInfo,
+    IdentityView,
+    JournalRecord,
+    RegisterOutcome,
+    RunRecord,
+    SpecRecord,
+    StoredMessage,
+    TopologyChange,
+    TopologySnapshot,
+)
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 
-
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
-class LedgerActor:
-    """Serves one :class:`Ledger`; Ray runs its methods one at a time, in arrival order.
-
-    Restartable: a restarted actor reopens the same SQLite file, and the ledger's
-    lock-delay keeps leases that were held from moving for one TTL.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._ledger = Ledger(path)
-
-    def ping(self) -> str:
-        return self._ledger.incarnation
-
-    def call(self, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run one ledger method; refusals come back as values so Ray does not wrap them."""
-        try:
-            return getattr(self._ledger, method)(**kwargs)
-        except RayfleetError as error:
-            return _Refusal(error)
+T = TypeVar("T")
 
 
 class _Refusal:
@@ -44,40 +51,356 @@ class _Refusal:
     def __init__(self, error: RayfleetError) -> None:
         self.error = error
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[type[_Refusal], tuple[RayfleetError]]:
         return (_Refusal, (self.error,))
 
 
-def unwrap(result: Any) -> Any:
-    if isinstance(result, _Refusal):
-        raise result.error
-    return result
+def _answer(operation: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        return operation(*args, **kwargs)
+    except RayfleetError as error:
+        return _Refusal(error)
 
 
-class RayLedgerClient(LedgerClient):
-    """The ledger client of hosts: each call is one task on the ledger actor."""
-
-    def __init__(self, handle: ray.actor.ActorHandle) -> None:
-        self.handle = handle
-
-    async def call(self, method: str, **kwargs: Any) -> Any:
-        return unwrap(await self.handle.call.remote(method, kwargs))
-
-    async def hosts(self) -> list[HostView]:
-        return await self.call("hosts")
-
-    async def register_host(self, *, name: str, holder: str) -> list[str]:
-        return await self.call("register_host", name=name, holder=holder)
+def _unwrap(reply: Any) -> Any:
+    if isinstance(reply, _Refusal):
+        raise reply.error
+    return reply
 
 
-class SyncLedger:
-    """Blocking access to the ledger actor for the driver (``Fleet``)."""
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class LedgerActor:
+    """Serves one :class:`Ledger` over Ray: one method per contract operation.
 
-    def __init__(self, handle: ray.actor.ActorHandle) -> None:
-        self.handle = handle
+    Restartable: a restarted actor reopens the same SQLite file, and the ledger's
+    lock-delay keeps leases that were held from moving for one TTL.
+    """
 
-    def call(self, method: str, **kwargs: Any) -> Any:
-        return unwrap(ray.get(self.handle.call.remote(method, kwargs)))
+    def __init__(self, path: str) -> None:
+        self._ledger = Ledger(path)
 
-    def register(self, **kwargs: Any) -> RegisterOutcome:
-        return self.call("register", **kwargs)
+    def incarnation(self) -> str:
+        return self._ledger.incarnation
+
+    def register(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.register, args, kwargs)
+
+    def apply_specs(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.apply_specs, args, kwargs)
+
+    def resolve(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.resolve, args, kwargs)
+
+    def list_identities(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.list_identities, args, kwargs)
+
+    def set_lifecycle(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.set_lifecycle, args, kwargs)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.reset, args, kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.delete, args, kwargs)
+
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.acquire, args, kwargs)
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.renew, args, kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.release, args, kwargs)
+
+    def revoke_holder(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.revoke_holder, args, kwargs)
+
+    def check_fence(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.check_fence, args, kwargs)
+
+    def high_water(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.high_water, args, kwargs)
+
+    def commit_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.commit_checkpoints, args, kwargs)
+
+    def dedup_window(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.dedup_window, args, kwargs)
+
+    def referenced_snapshot_files(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.referenced_snapshot_files, args, kwargs)
+
+    def wired_peers(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.wired_peers, args, kwargs)
+
+    def set_desired_edge(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.set_desired_edge, args, kwargs)
+
+    def topology(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.topology, args, kwargs)
+
+    def apply_topology(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.apply_topology, args, kwargs)
+
+    def create_run(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.create_run, args, kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.run, args, kwargs)
+
+    def list_runs(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.list_runs, args, kwargs)
+
+    def run_definition(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.run_definition, args, kwargs)
+
+    def set_run_status(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.set_run_status, args, kwargs)
+
+    def request_run(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.request_run, args, kwargs)
+
+    def journal(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.journal, args, kwargs)
+
+    def journal_step(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.journal_step, args, kwargs)
+
+    def journal_compensation(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.journal_compensation, args, kwargs)
+
+    def acquire_run_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.acquire_run_lease, args, kwargs)
+
+    def release_run_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.release_run_lease, args, kwargs)
+
+    def set_paused(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.set_paused, args, kwargs)
+
+    def is_paused(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.is_paused, args, kwargs)
+
+    def park(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.park, args, kwargs)
+
+    def parked(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.parked, args, kwargs)
+
+    def unpark(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.unpark, args, kwargs)
+
+    def cancel_parked(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.cancel_parked, args, kwargs)
+
+    def add_dead_letter(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.add_dead_letter, args, kwargs)
+
+    def dead_letters(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.dead_letters, args, kwargs)
+
+    def dead_letter(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.dead_letter, args, kwargs)
+
+    def purge_dead_letters(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.purge_dead_letters, args, kwargs)
+
+    def register_host(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.register_host, args, kwargs)
+
+    def remove_host(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.remove_host, args, kwargs)
+
+    def set_host_draining(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.set_host_draining, args, kwargs)
+
+    def hosts(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.hosts, args, kwargs)
+
+
+class _RayCall(Generic[T]):
+    """A :class:`LedgerCall` in flight on the ledger actor."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: ray.ObjectRef) -> None:
+        self._ref = ref
+
+    def __await__(self) -> Generator[Any, None, T]:
+        reply = yield from self._ref.__await__()
+        return _unwrap(reply)  # type: ignore[no-any-return]
+
+    def result(self, timeout: float | None = None) -> T:
+        return _unwrap(ray.get(self._ref, timeout=timeout))  # type: ignore[no-any-return]
+
+
+class RayLedgerClient:
+    """The ledger contract over Ray: each operation is one task on the ledger actor.
+
+    Hosts and the runner await its calls; the driver waits with ``.result()``.
+    """
+
+    def __init__(self, actor: ray.actor.ActorHandle) -> None:
+        self.actor = actor
+
+    def incarnation(self) -> LedgerCall[str]:
+        return _RayCall(self.actor.incarnation.remote())
+
+    def register(self, record: SpecRecord) -> LedgerCall[RegisterOutcome]:
+        return _RayCall(self.actor.register.remote(record))
+
+    def apply_specs(self, *, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord]) -> LedgerCall[None]:
+        return _RayCall(self.actor.apply_specs.remote(creates=creates, updates=updates))
+
+    def resolve(self, identities: Iterable[str]) -> LedgerCall[dict[str, IdentityView]]:
+        return _RayCall(self.actor.resolve.remote(list(identities)))
+
+    def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
+        return _RayCall(self.actor.list_identities.remote(labels=labels))
+
+    def set_lifecycle(
+        self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = ""
+    ) -> LedgerCall[None]:
+        return _RayCall(self.actor.set_lifecycle.remote(
+            identity=identity, fencing_token=fencing_token, lifecycle=lifecycle, reason=reason
+        ))
+
+    def reset(self, *, identity: str, fencing_token: int) -> LedgerCall[ContinuityRecord]:
+        return _RayCall(self.actor.reset.remote(identity=identity, fencing_token=fencing_token))
+
+    def delete(self, *, identity: str, fencing_token: int) -> LedgerCall[SnapshotPointer | None]:
+        return _RayCall(self.actor.delete.remote(identity=identity, fencing_token=fencing_token))
+
+    def acquire(
+        self, *, holder: str, identities: Iterable[str], ttl: float = DEFAULT_LEASE_TTL, create_continuity: bool = True
+    ) -> LedgerCall[dict[str, Activation | LeaseDenied | RayfleetError]]:
+        return _RayCall(self.actor.acquire.remote(
+            holder=holder, identities=list(identities), ttl=ttl, create_continuity=create_continuity
+        ))
+
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
+        return _RayCall(self.actor.renew.remote(holder=holder, tokens=tokens))
+
+    def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
+        return _RayCall(self.actor.release.remote(holder=holder, tokens=tokens))
+
+    def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
+        return _RayCall(self.actor.revoke_holder.remote(holder))
+
+    def check_fence(self, identity: str, token: int) -> LedgerCall[None]:
+        return _RayCall(self.actor.check_fence.remote(identity, token))
+
+    def high_water(self, identity: str) -> LedgerCall[int]:
+        return _RayCall(self.actor.high_water.remote(identity))
+
+    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+        return _RayCall(self.actor.commit_checkpoints.remote(list(commits)))
+
+    def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
+        return _RayCall(self.actor.dedup_window.remote(identity))
+
+    def referenced_snapshot_files(self) -> LedgerCall[set[str]]:
+        return _RayCall(self.actor.referenced_snapshot_files.remote())
+
+    def wired_peers(self, identities: Iterable[str]) -> LedgerCall[dict[str, tuple[str, ...]]]:
+        return _RayCall(self.actor.wired_peers.remote(list(identities)))
+
+    def set_desired_edge(self, *, a: str, b: str, desired: bool) -> LedgerCall[None]:
+        return _RayCall(self.actor.set_desired_edge.remote(a=a, b=b, desired=desired))
+
+    def topology(self) -> LedgerCall[TopologySnapshot]:
+        return _RayCall(self.actor.topology.remote())
+
+    def apply_topology(self, change: TopologyChange) -> LedgerCall[None]:
+        return _RayCall(self.actor.apply_topology.remote(change))
+
+    def create_run(
+        self, *, run_id: str, workflow: str, code_version: str, definition: bytes | None, force: bool = False
+    ) -> LedgerCall[str]:
+        return _RayCall(self.actor.create_run.remote(
+            run_id=run_id, workflow=workflow, code_version=code_version, definition=definition, force=force
+        ))
+
+    def run(self, run_id: str) -> LedgerCall[RunRecord | None]:
+        return _RayCall(self.actor.run.remote(run_id))
+
+    def list_runs(self, *, statuses: Sequence[str] | None = None) -> LedgerCall[list[RunRecord]]:
+        return _RayCall(self.actor.list_runs.remote(statuses=statuses))
+
+    def run_definition(self, run_id: str) -> LedgerCall[bytes | None]:
+        return _RayCall(self.actor.run_definition.remote(run_id))
+
+    def set_run_status(
+        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+    ) -> LedgerCall[None]:
+        return _RayCall(self.actor.set_run_status.remote(run_id=run_id, status=status, detail=detail, outcome=outcome))
+
+    def request_run(
+        self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
+    ) -> LedgerCall[bool]:
+        return _RayCall(self.actor.request_run.remote(run_id=run_id, cancel=cancel, pause=pause))
+
+    def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
+        return _RayCall(self.actor.journal.remote(run_id))
+
+    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
+        return _RayCall(self.actor.journal_step.remote(run_id=run_id, label=label, output=output, tokens=tokens))
+
+    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
+        return _RayCall(self.actor.journal_compensation.remote(run_id=run_id, label=label, ok=ok, error=error))
+
+    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
+        return _RayCall(self.actor.acquire_run_lease.remote(run_id=run_id, holder=holder))
+
+    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
+        return _RayCall(self.actor.release_run_lease.remote(run_id=run_id, holder=holder))
+
+    def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
+        return _RayCall(self.actor.set_paused.remote(identity=identity, fencing_token=fencing_token, paused=paused))
+
+    def is_paused(self, identity: str) -> LedgerCall[bool]:
+        return _RayCall(self.actor.is_paused.remote(identity))
+
+    def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> LedgerCall[int]:
+        return _RayCall(self.actor.park.remote(
+            identity=identity, fencing_token=fencing_token, message_id=message_id, envelope=envelope
+        ))
+
+    def parked(self, identity: str, *, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
+        return _RayCall(self.actor.parked.remote(identity, limit=limit))
+
+    def unpark(self, *, identity: str, fencing_token: int, seq: int) -> LedgerCall[None]:
+        return _RayCall(self.actor.unpark.remote(identity=identity, fencing_token=fencing_token, seq=seq))
+
+    def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
+        return _RayCall(self.actor.cancel_parked.remote(identity=identity, fencing_token=fencing_token))
+
+    def add_dead_letter(
+        self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
+    ) -> LedgerCall[int]:
+        return _RayCall(self.actor.add_dead_letter.remote(
+            identity=identity, message_id=message_id, envelope=envelope, reason=reason, error=error, attempts=attempts
+        ))
+
+    def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
+        return _RayCall(self.actor.dead_letters.remote(identity=identity, limit=limit))
+
+    def dead_letter(self, letter_id: int) -> LedgerCall[StoredMessage | None]:
+        return _RayCall(self.actor.dead_letter.remote(letter_id))
+
+    def purge_dead_letters(
+        self, *, identity: str | None = None, ids: Sequence[int] | None = None, before: float | None = None
+    ) -> LedgerCall[int]:
+        return _RayCall(self.actor.purge_dead_letters.remote(identity=identity, ids=ids, before=before))
+
+    def register_host(self, *, name: str, holder: str) -> LedgerCall[list[str]]:
+        return _RayCall(self.actor.register_host.remote(name=name, holder=holder))
+
+    def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
+        return _RayCall(self.actor.remove_host.remote(name=name, holder=holder))
+
+    def set_host_draining(self, *, name: str, draining: bool) -> LedgerCall[None]:
+        return _RayCall(self.actor.set_host_draining.remote(name=name, draining=draining))
+
+    def hosts(self) -> LedgerCall[list[HostInfo]]:
+        return _RayCall(self.actor.hosts.remote())

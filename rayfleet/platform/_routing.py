@@ -12,14 +12,16 @@ import hashlib
 import logging
 import pickle
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from ..errors import FleetUnavailableError, InvalidArgumentsError
+from ..host._messages import Envelope
+from ..ledger._contract import LedgerClient
+from ..ledger._values import HostInfo
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -42,11 +44,12 @@ def rendezvous_pick(identity: str, hosts: Iterable[str]) -> str | None:
     return best
 
 
-@dataclass(frozen=True, slots=True)
-class HostRecord:
-    name: str
-    holder: str
-    draining: bool
+HostRequest = Callable[[ray.actor.ActorHandle], "ray.ObjectRef[Any]"]
+"""One call on a host actor, e.g. ``lambda host: host.deliver.remote(identity, envelope)``.
+
+Requests name the actor method in code, never in a string; the courier decides which
+host's handle to apply them to.
+"""
 
 
 class HostDirectory:
@@ -54,14 +57,14 @@ class HostDirectory:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-        self._hosts: dict[str, HostRecord] = {}
+        self._hosts: dict[str, HostInfo] = {}
         self._handles: dict[str, ray.actor.ActorHandle] = {}
         self._routes: dict[str, str] = {}
         self.dead: set[str] = set()
 
-    def update(self, hosts: Iterable[Any]) -> None:
-        """Replace the host list with the ledger's view (``HostView`` objects)."""
-        self._hosts = {h.name: HostRecord(h.name, h.holder, h.draining) for h in hosts}
+    def update(self, hosts: Iterable[HostInfo]) -> None:
+        """Replace the host list with the ledger's view."""
+        self._hosts = {host.name: host for host in hosts}
         self.dead -= set(self._hosts)
 
     @property
@@ -188,35 +191,38 @@ class Courier:
     blocking API and ``route_async`` for ``ask`` and for agents inside hosts.
     """
 
-    def __init__(self, directory: HostDirectory, ledger: ray.actor.ActorHandle) -> None:
+    def __init__(self, directory: HostDirectory, ledger: LedgerClient) -> None:
         self.directory = directory
         self.ledger = ledger
 
     def refresh_sync(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
-            ray.get(self.ledger.call.remote("remove_host", {"name": name, "holder": holder}))
+            self.ledger.remove_host(name=name, holder=holder).result()
         if plan:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
-        self.directory.update(ray.get(self.ledger.call.remote("hosts", {})))
+        self.directory.update(self.ledger.hosts().result())
 
     async def refresh_async(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
-            await self.ledger.call.remote("remove_host", {"name": name, "holder": holder})
+            await self.ledger.remove_host(name=name, holder=holder)
         if plan:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
-        self.directory.update(await self.ledger.call.remote("hosts", {}))
+        self.directory.update(await self.ledger.hosts())
 
-    def route_sync(self, identity: str, method: str, *args: Any, timeout: float | None = None) -> Any:
-        """Call ``host.<method>(identity, *args)`` on the owner and return its value."""
+    def route_sync(self, identity: str, request: HostRequest, *, method: str, timeout: float | None = None) -> Any:
+        """Apply ``request`` to the owner of ``identity`` and return its value, following redirects.
+
+        ``method`` names the handler or operation, for error messages.
+        """
         plan = CallPlan(self.directory, identity)
         while True:
             if plan.needs_refresh:
                 _pause(plan.hops)
                 self.refresh_sync(plan)
             name, handle = plan.target()
-            pending = _submit(handle, method, identity, args)
+            pending = _submit(handle, request, identity, method)
             try:
                 reply = ray.get(pending, timeout=timeout)
             except ray.exceptions.GetTimeoutError:
@@ -228,14 +234,15 @@ class Courier:
             if done:
                 return value
 
-    async def route_async(self, identity: str, method: str, *args: Any) -> Any:
+    async def route_async(self, identity: str, request: HostRequest, *, method: str) -> Any:
+        """:meth:`route_sync`, awaited."""
         plan = CallPlan(self.directory, identity)
         while True:
             if plan.needs_refresh:
                 await _pause_async(plan.hops)
                 await self.refresh_async(plan)
             name, handle = plan.target()
-            pending = _submit(handle, method, identity, args)
+            pending = _submit(handle, request, identity, method)
             try:
                 reply = await pending
             except Exception as error:
@@ -246,15 +253,29 @@ class Courier:
                 return value
 
 
-def _submit(handle: ray.actor.ActorHandle, method: str, identity: str, args: tuple[Any, ...]) -> Any:
+def _submit(handle: ray.actor.ActorHandle, request: HostRequest, identity: str, method: str) -> Any:
     """Send one request; arguments Ray cannot serialize are the caller's error, said plainly."""
     try:
-        return getattr(handle, method).remote(identity, *args)
+        return request(handle)
     except (TypeError, ValueError, AttributeError, pickle.PicklingError) as error:
-        target = getattr(args[0], "method", method) if args else method
         raise InvalidArgumentsError(
-            identity=identity, method=target, detail=f"they cannot be serialized to send to a host ({error})"
+            identity=identity, method=method, detail=f"they cannot be serialized to send to a host ({error})"
         ) from None
+
+
+def deliver_request(envelope: Envelope) -> HostRequest:
+    """Run one turn on the owner; its reply is the handler's value."""
+    return lambda host: host.deliver.remote(envelope.target, envelope)
+
+
+def dispatch_request(envelope: Envelope) -> HostRequest:
+    """Run one turn on the owner; its reply is ``(value, Usage)``, for workflow budgets."""
+    return lambda host: host.dispatch.remote(envelope.target, envelope)
+
+
+def tell_request(envelope: Envelope) -> HostRequest:
+    """Hand a message to the owner, which runs it in the background."""
+    return lambda host: host.tell.remote(envelope.target, envelope)
 
 
 def _backoff(hops: int) -> float:

@@ -14,8 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 import pyarrow as pa
@@ -25,20 +24,17 @@ import ray
 from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
-    InvalidSpecError,
     RayfleetError,
 )
 from ..host._messages import Envelope
 from ..identity._agent import Usage
 from ..identity._values import PERSISTED_LIVE
+from ..ledger._contract import LedgerClient
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
 from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
-from ._routing import Courier, HostDirectory
-
-if TYPE_CHECKING:
-    from ._fleet import Fleet
+from ._routing import Courier, HostDirectory, dispatch_request
 
 log = logging.getLogger("rayfleet.workflow")
 
@@ -89,7 +85,7 @@ class RayDispatcher:
 
     def __init__(self, courier: Courier, run_id: str) -> None:
         self._courier = courier
-        self._ledger = RayLedgerClient(courier.ledger)
+        self._ledger = courier.ledger
         self._sender = f"workflow:{run_id}"
 
     async def call(
@@ -101,52 +97,52 @@ class RayDispatcher:
             idempotency_key=idempotency_key, conversation=conversation, fence=fence,
         )
         try:
-            value, usage = await asyncio.wait_for(self._courier.route_async(target, "dispatch", envelope), timeout)
+            value, usage = await asyncio.wait_for(
+                self._courier.route_async(target, dispatch_request(envelope), method=method), timeout
+            )
         except asyncio.TimeoutError:
             raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
         return value, usage
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
-        views = await self._ledger.call("list_identities", labels=dict(labels))
+        views = await self._ledger.list_identities(labels=dict(labels))
         return sorted(view.identity for view in views if view.lifecycle == PERSISTED_LIVE)
 
     async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
-        return int(await self._ledger.call("acquire_run_lease", run_id=run_id, holder=holder))
+        return await self._ledger.acquire_run_lease(run_id=run_id, holder=holder)
 
     async def release_run_lease(self, *, run_id: str, holder: str) -> None:
-        await self._ledger.call("release_run_lease", run_id=run_id, holder=holder)
+        await self._ledger.release_run_lease(run_id=run_id, holder=holder)
 
 
 class LedgerJournal:
     """The workflow journal in the ledger: a step's output is durable before dependents start."""
 
-    def __init__(self, handle: ray.actor.ActorHandle) -> None:
-        self._ledger = RayLedgerClient(handle)
+    def __init__(self, ledger: LedgerClient) -> None:
+        self._ledger = ledger
 
     async def load(self, run_id: str) -> JournalState:
-        stored = await self._ledger.call("journal_load", run_id=run_id)
-        steps = stored["steps"]
+        journal = await self._ledger.journal(run_id)
         return JournalState(
-            outputs={label: decode_output(blob) for label, blob, _ in steps},
-            completion_order=tuple(label for label, _, _ in steps),
-            compensated=tuple(stored["compensated"]),
+            outputs={entry.label: decode_output(entry.output) for entry in journal.steps},
+            completion_order=tuple(entry.label for entry in journal.steps),
+            compensated=journal.compensated,
         )
 
     async def record_step(self, run_id: str, label: str, output: Any, tokens: int) -> None:
-        await self._ledger.call("journal_step", run_id=run_id, label=label, output=encode_output(output),
-                                tokens=int(tokens))
+        await self._ledger.journal_step(run_id=run_id, label=label, output=encode_output(output), tokens=int(tokens))
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str) -> None:
-        await self._ledger.call("journal_compensation", run_id=run_id, label=label, ok=ok, error=error)
+        await self._ledger.journal_compensation(run_id=run_id, label=label, ok=ok, error=error)
 
     async def status(self, run_id: str) -> tuple[RunStatus | None, bool, bool]:
-        info = await self._ledger.call("run_info", run_id=run_id)
-        if info is None:
+        record = await self._ledger.run(run_id)
+        if record is None:
             return None, False, False
-        return RunStatus(info["status"]), bool(info["cancel_requested"]), bool(info["pause_requested"])
+        return RunStatus(record.status), record.cancel_requested, record.pause_requested
 
     async def set_status(self, run_id: str, status: RunStatus, detail: str) -> None:
-        await self._ledger.call("set_run_status", run_id=run_id, status=status.value, detail=detail)
+        await self._ledger.set_run_status(run_id=run_id, status=status.value, detail=detail)
 
 
 async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> WorkflowOutcome:
@@ -157,8 +153,8 @@ async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> Work
     )
     outcome = await engine.run()
     # The engine already recorded the detail (including failed compensations); keep it.
-    await RayLedgerClient(courier.ledger).call(
-        "set_run_status", run_id=run_id, status=outcome.status.value, detail=None, outcome=_pickle_outcome(outcome),
+    await courier.ledger.set_run_status(
+        run_id=run_id, status=outcome.status.value, detail=None, outcome=_pickle_outcome(outcome),
     )
     return outcome
 
@@ -187,12 +183,12 @@ class RunnerActor:
         self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
 
     async def _resume_unfinished(self) -> Courier:
-        ledger = ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace)
+        ledger = RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace))
         courier = Courier(HostDirectory(self._namespace), ledger)
         await courier.refresh_async()
-        for info in await RayLedgerClient(ledger).call("list_runs", statuses=list(UNFINISHED)):
-            if info["submitted"] and info["run_id"] not in self._tasks:
-                self._launch(info["run_id"])
+        for record in await ledger.list_runs(statuses=list(UNFINISHED)):
+            if record.submitted and record.run_id not in self._tasks:
+                self._launch(record.run_id)
         return courier
 
     async def _ready(self) -> Courier:
@@ -217,7 +213,9 @@ class RunnerActor:
     async def _execute(self, run_id: str) -> WorkflowOutcome:
         courier = await self._ready()
         try:
-            definition = await RayLedgerClient(courier.ledger).call("run_definition", run_id=run_id)
+            definition = await courier.ledger.run_definition(run_id)
+            if definition is None:
+                raise LookupError(f"run {run_id!r} has no stored definition")
             workflow: Workflow = cloudpickle.loads(definition)
             return await execute_run(courier, workflow, run_id)
         except Exception as error:
@@ -228,116 +226,47 @@ class RunnerActor:
                 f"Make its payload builders importable on the cluster (or define them in your script)"
             )
             outcome = WorkflowOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure)
-            await RayLedgerClient(courier.ledger).call(
-                "set_run_status", run_id=run_id, status=RunStatus.FAILED.value, detail=failure.message,
-                outcome=_pickle_outcome(outcome),
+            await courier.ledger.set_run_status(
+                run_id=run_id, status=RunStatus.FAILED.value, detail=failure.message, outcome=_pickle_outcome(outcome),
             )
             return outcome
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunInfo:
-    """What the run registry knows about one run."""
+class RunnerClient:
+    """Hands submitted runs to the detached runner actor of one namespace, creating it if needed."""
 
-    run_id: str
-    workflow: str
-    status: RunStatus
-    detail: str
-    code_version: str
-    cancel_requested: bool
-    pause_requested: bool
-    submitted: bool
-    created_at: float
-    updated_at: float
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
 
+    def handle(self) -> ray.actor.ActorHandle:
+        return RunnerActor.options(
+            name=RUNNER_ACTOR_NAME, namespace=self.namespace, lifetime="detached", get_if_exists=True,
+        ).remote(self.namespace)
 
-class RunsClient:
-    """The run registry (``fleet.runs``): status, wait, cancel, pause and resume."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self._fleet = fleet
-
-    def get(self, run_id: str) -> RunInfo:
-        info = self._fleet._ledger.call("run_info", run_id=run_id)
-        if info is None:
-            raise InvalidSpecError(f"there is no run {run_id!r}; list runs with fleet.runs.list()", subject="run_id")
-        return _info(info)
-
-    def list(self, status: RunStatus | str | None = None) -> list[RunInfo]:
-        statuses = None if status is None else [RunStatus(status).value]
-        return [_info(info) for info in self._fleet._ledger.call("list_runs", statuses=statuses)]
-
-    def wait(self, run_id: str, *, timeout: float | None = None, poll_interval: float = 0.1) -> WorkflowOutcome:
-        """Block until the run ends and return its outcome.
+    def start(self, run_id: str, *, patience: float = 60.0) -> None:
+        """Start (or resume) a submitted run in the runner, waiting out a runner that is restarting.
 
         Raises:
-            DeadlineExceededError: it did not end within ``timeout`` seconds.
+            FleetUnavailableError: the runner did not come back within ``patience`` seconds.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + patience
+        delay = 0.05
         while True:
-            info = self._fleet._ledger.call("run_info", run_id=run_id)
-            if info is None:
-                raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
-            if info["status"] not in UNFINISHED and info["outcome"] is not None:
-                return cloudpickle.loads(info["outcome"])
-            if deadline is not None and time.monotonic() > deadline:
-                raise DeadlineExceededError(identity=run_id, method="wait", timeout=timeout or 0.0)
-            time.sleep(poll_interval)
+            try:
+                ray.get(self.handle().start.remote(run_id))
+                return
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError) as error:
+                if time.monotonic() > deadline:
+                    raise FleetUnavailableError(detail=f"the workflow runner did not come back: {error}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
-    def cancel(self, run_id: str) -> None:
-        """Ask the run to stop; it compensates what it completed and ends CANCELLED."""
-        self._request(run_id, cancel=True)
-
-    def pause(self, run_id: str) -> None:
-        """Stop dispatching new steps (steps in flight finish); ``resume`` continues."""
-        self._request(run_id, pause=True)
-
-    def resume(self, run_id: str, *, force: bool = False) -> None:
-        """Continue a paused run, or restart an unfinished submitted run from its journal.
-
-        Raises:
-            InvalidSpecError: the run's code version differs (pass ``force=True``).
-        """
-        info = self.get(run_id)
-        self._request(run_id, pause=False)
-        if info.submitted and info.status.value in UNFINISHED:
-            definition = self._fleet._ledger.call("run_definition", run_id=run_id)
-            workflow: Workflow = cloudpickle.loads(definition)
-            self._fleet._ledger.call("create_run", run_id=run_id, workflow=workflow.name,
-                                     code_version=workflow.code_version(), definition=None, force=force)
-            start_on_runner(self._fleet, run_id)
-
-    def _request(self, run_id: str, **flags: bool) -> None:
-        if not self._fleet._ledger.call("request_run", run_id=run_id, **flags):
-            raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
-
-
-def _info(info: Mapping[str, Any]) -> RunInfo:
-    return RunInfo(
-        run_id=info["run_id"], workflow=info["workflow"], status=RunStatus(info["status"]), detail=info["detail"],
-        code_version=info["code_version"], cancel_requested=info["cancel_requested"],
-        pause_requested=info["pause_requested"], submitted=info["submitted"], created_at=info["created_at"],
-        updated_at=info["updated_at"],
-    )
-
-
-def start_on_runner(fleet: Fleet, run_id: str, *, patience: float = 60.0) -> None:
-    """Hand a run to the runner actor, waiting out a runner that is restarting.
-
-    Raises:
-        FleetUnavailableError: the runner did not come back within ``patience`` seconds.
-    """
-    deadline = time.monotonic() + patience
-    delay = 0.05
-    while True:
+    def stop(self) -> None:
+        """Kill the runner actor if one exists (its runs resume when a new one starts)."""
         try:
-            ray.get(fleet._runner().start.remote(run_id))
-            return
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError) as error:
-            if time.monotonic() > deadline:
-                raise FleetUnavailableError(detail=f"the workflow runner did not come back: {error}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.namespace))
+        except ValueError:
+            pass  # no run was ever submitted
 
 
 def new_run_id(workflow: Workflow) -> str:

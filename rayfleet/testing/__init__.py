@@ -6,7 +6,7 @@ ones meant for tests.
 
 from __future__ import annotations
 
-from ..ledger._contract import LocalLedgerClient as LocalLedgerClient
+from ..ledger._local import LocalLedgerClient as LocalLedgerClient
 from ..llm._scripted import ScriptedModel as ScriptedModel
 from ..workflow._journal import InMemoryJournal as InMemoryJournal
 from ._clock import ManualClock as ManualClock

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._export import export_topology as export_topology
 from ._graph import Edge as Edge
+from ._graph import LiveEdge as LiveEdge
 from ._graph import desired_edges as desired_edges
 from ._graph import peers_of as peers_of
 from ._reconcile import ReconcilePlan as ReconcilePlan
@@ -13,6 +14,7 @@ from ._reconcile import plan_reconcile as plan_reconcile
 __all__ = [
     # Graph
     "Edge",
+    "LiveEdge",
     "desired_edges",
     "peers_of",
     # Reconcile

@@ -68,6 +68,24 @@ class Edge:
         return f"{self.a} -- {self.b}"
 
 
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class LiveEdge:
+    """A wired edge as the fleet has it now: its endpoints (``a < b``) and whether the platform manages it.
+
+    Managed edges were wired by reconciliation and are unwired by it; unmanaged ones
+    were found live and are left alone.
+    """
+
+    a: str
+    b: str
+    managed: bool
+
+    @property
+    def edge(self) -> Edge:
+        return Edge(a=self.a, b=self.b)
+
+
 def desired_edges(specs: Iterable[AgentSpec], explicit: Iterable[Edge] = ()) -> frozenset[Edge]:
     """The desired topology: one edge per (spec, peer) pair, plus the explicit edges.
 

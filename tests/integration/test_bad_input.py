@@ -80,7 +80,7 @@ def test_invalid_identity_is_refused_with_the_reason(fleet: rf.Fleet, identity: 
         assert error.subject == "identity"
         assert problem in str(error), str(error)
         assert "orders/eu-1" in str(error)  # shows what a valid name looks like
-    assert fleet.list() == []  # nothing was written
+    assert fleet.list_agents() == []  # nothing was written
 
 
 def test_agent_class_must_be_an_rf_agent(fleet: rf.Fleet) -> None:
@@ -93,7 +93,7 @@ def test_agent_class_must_be_an_rf_agent(fleet: rf.Fleet) -> None:
         fleet.spawn("bad/path", "no_such_module_xyz:Agent")
     with pytest.raises(rf.InvalidSpecError, match="needs an agent class"):
         fleet.spawn("bad/none")
-    assert fleet.list() == []
+    assert fleet.list_agents() == []
 
 
 
@@ -113,7 +113,7 @@ def test_bad_spec_options_name_the_field(fleet: rf.Fleet, options: dict, field: 
         fleet.spawn("bad/spec", Account, **options)
     assert error.value.subject == field
     assert named in str(error.value), str(error.value)
-    assert fleet.list() == []
+    assert fleet.list_agents() == []
 
 
 @pytest.mark.parametrize(
@@ -158,8 +158,8 @@ def test_spawn_is_idempotent_only_for_the_same_spec(fleet: rf.Fleet) -> None:
         assert "spec/one" in str(error.value)
     status = fleet.status("spec/one")
     assert status.labels == {"team": "red"}
-    assert [s.identity for s in fleet.list(labels={"team": "red"})] == ["spec/one"]
-    assert fleet.list(labels={"team": "blue"}) == []
+    assert [s.identity for s in fleet.list_agents(labels={"team": "red"})] == ["spec/one"]
+    assert fleet.list_agents(labels={"team": "blue"}) == []
     assert fleet.spec("spec/one").durability is rf.Durability.EVERY_TURN
     assert ref.call("get") == {"total": 3, "notes": []}
 
@@ -261,7 +261,7 @@ def test_unknown_identity(fleet: rf.Fleet) -> None:
         fleet.status("nobody/here")
     with pytest.raises(rf.UnknownIdentityError):
         fleet.retire("nobody/here")
-    assert fleet.list() == []
+    assert fleet.list_agents() == []
 
 
 def _break_snapshots(fleet: rf.Fleet, storage: Path, identity: str, how: str) -> list[Path]:

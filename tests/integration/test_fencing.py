@@ -40,9 +40,9 @@ def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_fleet)
     host_b = ray.get_actor(name_b, namespace=fleet.config.namespace)
 
     # Simulate a partition: the ledger forgets A's leases while A keeps running.
-    # fleet._ledger.call is the ledger actor's RPC (the one private hook this suite uses):
+    # fleet._ledger is the typed ledger client (the one private hook this suite uses):
     # revoke_holder is what the fleet does for a host it believes dead.
-    freed = fleet._ledger.call("revoke_holder", holder=hosts[name_a].holder)
+    freed = fleet._ledger.revoke_holder(hosts[name_a].holder).result()
     assert identity in freed
 
     # B takes over: a new, larger token, loading the committed State (1).

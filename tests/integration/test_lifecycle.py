@@ -125,7 +125,7 @@ def test_retire_respawn_reset_delete(fleet: rf.Fleet, storage: Path) -> None:
     for operation in (fleet.retire, fleet.respawn, fleet.reset, fleet.delete):
         with pytest.raises(rf.UnknownIdentityError):
             operation(identity)
-    assert identity not in [status.identity for status in fleet.list()]
+    assert identity not in [status.identity for status in fleet.list_agents()]
 
 
 @pytest.mark.timeout(120)
@@ -244,7 +244,7 @@ def test_drain_moves_agents_to_the_other_host(fleet: rf.Fleet) -> None:
     ]
     for k, ref in enumerate(refs):
         assert ref.call("add", n=k + 1) == k + 1
-    before = {status.identity: status for status in fleet.list()}
+    before = {status.identity: status for status in fleet.list_agents()}
     by_host: dict[str, list[str]] = {}
     for identity, status in before.items():
         assert status.host is not None

@@ -60,7 +60,7 @@ def failures(refs: list[rf.AgentRef], results: list[object]) -> dict[str, str]:
 @pytest.mark.timeout(180)
 def test_thousand_agents_on_two_hosts_keep_their_own_state(fleet: rf.Fleet) -> None:
     refs = [fleet.spawn(f"scale/{i}", Counter) for i in range(AGENTS)]
-    assert all(status.state is rf.LifecycleState.UNINITIALIZED for status in fleet.list())
+    assert all(status.state is rf.LifecycleState.UNINITIALIZED for status in fleet.list_agents())
 
     # Concurrent first calls: every one activates its agent (batched lease acquisition).
     added = asyncio.run(ask_in_chunks(refs, "add", with_n=True))
@@ -74,7 +74,7 @@ def test_thousand_agents_on_two_hosts_keep_their_own_state(fleet: rf.Fleet) -> N
     wrong = {ref.identity: value for ref, value in zip(refs, read) if value != number(ref)}
     assert not wrong, f"{len(wrong)} agents read back another value, e.g. {sorted(wrong.items())[:3]}"
 
-    statuses = fleet.list()
+    statuses = fleet.list_agents()
     assert [status.identity for status in statuses] == sorted(ref.identity for ref in refs)
     assert all(status.state is rf.LifecycleState.ACTIVE for status in statuses)
     # Only turns that change State commit: each add once (except scale/0's, which adds 0),

@@ -33,7 +33,7 @@ def test_planner_calls_its_peers_and_enforced_topology_refuses_others(fleet: rf.
     assert "finding #1" in planner.call("ask_peer", peer="team/outsider", question="q")
     fleet.topology.unwire("team/planner", "team/outsider")
     assert planner.call("ask_peer", peer="team/outsider", question="q").startswith("refused:")
-    managed = {str(edge) for edge, is_managed in fleet.topology.edges() if is_managed}
+    managed = {str(live.edge) for live in fleet.topology.edges() if live.managed}
     assert managed == {"team/planner -- team/r1", "team/planner -- team/r2"}
 
 
@@ -58,7 +58,7 @@ def test_wiring_survives_reset_and_host_failover(fleet: rf.Fleet) -> None:
 @pytest.mark.timeout(120)
 def test_roster_applies_idempotently_and_prunes(fleet: rf.Fleet, tmp_path: Path) -> None:
     preview = fleet.apply(ROSTER, dry_run=True)
-    assert preview.dry_run and sorted(preview.created) == TEAM and fleet.list() == []
+    assert preview.dry_run and sorted(preview.created) == TEAM and fleet.list_agents() == []
     first = fleet.apply(ROSTER)
     assert sorted(first.created) == TEAM and first.topology is not None and len(first.topology.wired) == 2
     second = fleet.apply(ROSTER)
@@ -99,7 +99,7 @@ def test_bad_rosters_are_refused_whole(fleet: rf.Fleet, tmp_path: Path, body: st
     with pytest.raises(rf.InvalidSpecError, match=message) as caught:
         fleet.apply(roster)
     assert "bad.yaml" in str(caught.value) or message in ("a/ghost",)
-    assert [status.identity for status in fleet.list()] == ["keep/me"]  # nothing half-applied
+    assert [status.identity for status in fleet.list_agents()] == ["keep/me"]  # nothing half-applied
 
 
 @pytest.mark.timeout(120)
@@ -118,6 +118,6 @@ def test_topology_exports(fleet: rf.Fleet) -> None:
 @pytest.mark.timeout(60)
 def test_labels_select_capable_agents(fleet: rf.Fleet) -> None:
     fleet.apply(ROSTER)
-    researchers = fleet.list(labels={"role": "researcher"})
+    researchers = fleet.list_agents(labels={"role": "researcher"})
     assert [status.identity for status in researchers] == TEAM[1:]
-    assert [status.identity for status in fleet.list(labels={"topic": "physics"})] == ["team/researcher-physics"]
+    assert [status.identity for status in fleet.list_agents(labels={"topic": "physics"})] == ["team/researcher-physics"]

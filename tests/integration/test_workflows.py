@@ -237,7 +237,7 @@ def test_trip_saga_completes(fleet: rf.Fleet) -> None:
     assert info.status is rf.RunStatus.COMPLETED
     assert info.workflow == "book-trip" and info.submitted is False
     assert info.code_version == trip(100).code_version()
-    assert [run.run_id for run in fleet.runs.list(rf.RunStatus.COMPLETED)] == ["trip-ok"]
+    assert [run.run_id for run in fleet.runs.list_runs(rf.RunStatus.COMPLETED)] == ["trip-ok"]
     assert fleet.runs.wait("trip-ok", timeout=WAIT).status is rf.RunStatus.COMPLETED
 
     assert report(fleet, "airline/main")["reservations"] == {"T1": 1}
@@ -804,7 +804,7 @@ def test_invalid_workflows_are_refused_before_anything_is_dispatched(fleet: rf.F
             assert caught.value.subject == culprit, case
             assert culprit in str(caught.value), case
     assert report(fleet, "w/1")["calls"] == 0
-    assert fleet.runs.list() == []
+    assert fleet.runs.list_runs() == []
 
 
 @pytest.mark.timeout(180)
@@ -817,7 +817,7 @@ def test_submit_refuses_an_unpicklable_payload_builder(fleet: rf.Fleet) -> None:
     with pytest.raises(rf.InvalidSpecError) as caught:
         fleet.submit(wf)
     assert caught.value.subject == "s2" and "pickled" in str(caught.value)
-    assert fleet.runs.list() == []
+    assert fleet.runs.list_runs() == []
     assert report(fleet, "w/1")["calls"] == 0
     # In-process, nothing needs pickling: the same workflow runs.
     assert fleet.run(wf).status is rf.RunStatus.COMPLETED

@@ -22,6 +22,7 @@ EXPECTED_NAMES = {
     "ChatClient", "ChatMessage", "ChatModel", "ChatReply", "reply_with_usage",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
+    "ApplyReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",
 }
 
 

@@ -13,8 +13,9 @@ import pytest
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
 from rayfleet.host._runtime import HostRuntime
-from rayfleet.ledger._contract import LocalLedgerClient
 from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
+from rayfleet.ledger._values import SpecRecord
 
 FAST_RETRY = rf.RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.01)
 
@@ -53,8 +54,8 @@ class Account(rf.Agent):
 def register(ledger: Ledger, identity: str, **options: object) -> None:
     options.setdefault("retry", FAST_RETRY)
     spec = rf.AgentSpec(identity=identity, agent=Account, **options)  # type: ignore[arg-type]
-    ledger.register(identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
-                    agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value)
+    ledger.register(SpecRecord(identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                               agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value))
 
 
 @pytest.fixture

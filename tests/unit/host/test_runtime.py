@@ -11,8 +11,9 @@ import pytest
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
 from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
-from rayfleet.ledger._contract import LocalLedgerClient
 from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
+from rayfleet.ledger._values import SpecRecord
 
 
 class Counter(rf.Agent):
@@ -45,10 +46,10 @@ class Counter(rf.Agent):
 
 def register(ledger: Ledger, identity: str, **options: object) -> rf.AgentSpec:
     spec = rf.AgentSpec(identity=identity, agent=Counter, **options)  # type: ignore[arg-type]
-    ledger.register(
+    ledger.register(SpecRecord(
         identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
-        agent_class=spec.agent_class_path, labels=spec.labels, addressability=spec.addressability.value,
-    )
+        agent_class=spec.agent_class_path, labels=dict(spec.labels), addressability=spec.addressability.value,
+    ))
     return spec
 
 

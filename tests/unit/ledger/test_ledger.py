@@ -1,6 +1,8 @@
-"""Unit tests for the SQLite ledger: leases, fencing tokens, continuity records, hosts.
+"""The ledger contract suite: leases, fencing tokens, continuity records, hosts, on every store.
 
-No Ray: the ledger is a plain class over one SQLite file, driven by a fake clock.
+No Ray: each store is opened in-process behind the same ``Ledger`` rules, driven by a
+manual clock. Every test runs once per entry of ``BACKENDS``; a new store joins the
+suite by adding one entry there.
 """
 
 from __future__ import annotations
@@ -30,20 +32,30 @@ from rayfleet.identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
-from rayfleet.ledger._ledger import Activation, CheckpointCommit, Ledger
+from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
+from rayfleet.testing import ManualClock
 
 TTL = 10.0
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
+FakeClock = ManualClock
 
-    def __call__(self) -> float:
-        return self.now
 
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+class SqliteBackend:
+    """The embedded store: a SQLite file under a fresh folder; reopening it is a ledger restart."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "ledger" / "ledger.sqlite"
+
+    def open(self, clock: ManualClock) -> Ledger:
+        return Ledger(self.path, clock=clock)
+
+    def cleanup(self) -> None:
+        """Nothing beyond the folder, which the caller removes."""
+
+
+BACKENDS: dict[str, type[SqliteBackend]] = {"sqlite": SqliteBackend}
 
 
 @pytest.fixture
@@ -51,14 +63,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "ledger" / "ledger.sqlite"
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path):
+    store = BACKENDS[request.param](tmp_path)
+    yield store
+    store.cleanup()
 
 
 @pytest.fixture
-def ledger(db_path: Path, clock: FakeClock):
-    led = Ledger(db_path, clock=clock)
+def ledger(backend, clock: FakeClock):
+    led = backend.open(clock)
     yield led
     try:
         led.close()
@@ -66,8 +80,14 @@ def ledger(db_path: Path, clock: FakeClock):
         pass
 
 
+def spec_record(identity: str = "a", fingerprint: str = "f1", labels: dict | None = None, spec: bytes = b"spec",
+                agent_class: str = "m:C") -> SpecRecord:
+    return SpecRecord(identity=identity, spec=spec, fingerprint=fingerprint, agent_class=agent_class,
+                      labels=labels or {})
+
+
 def register(led: Ledger, identity: str = "a", fingerprint: str = "f1", labels: dict | None = None):
-    return led.register(identity=identity, spec=b"spec", fingerprint=fingerprint, agent_class="m:C", labels=labels or {})
+    return led.register(spec_record(identity, fingerprint, labels))
 
 
 def grant(led: Ledger, holder: str, identity: str = "a", ttl: float = TTL) -> LeaseGrant:
@@ -85,9 +105,9 @@ def commit(identity: str, token: int, version: int, file: str = "snapshots/x.arr
     )
 
 
-def restart(led: Ledger, db_path: Path, clock: FakeClock) -> Ledger:
+def restart(led: Ledger, backend, clock: FakeClock) -> Ledger:
     led.close()
-    return Ledger(db_path, clock=clock)
+    return backend.open(clock)
 
 
 # -- registration ---------------------------------------------------------------------
@@ -145,11 +165,11 @@ def test_high_water_is_zero_for_never_granted_identity(ledger):
     assert ledger.high_water("unknown") == 0
 
 
-def test_grant_is_persisted_before_acquire_returns(ledger, db_path, clock):
+def test_grant_is_persisted_before_acquire_returns(ledger, backend, clock):
     register(ledger)
     token = grant(ledger, "A").fencing_token
     # A second connection on the same file (the first still open) sees the committed fence.
-    other = Ledger(db_path, clock=clock)
+    other = backend.open(clock)
     try:
         assert other.high_water("a") == token
         assert other.resolve(["a"])["a"].lease.fencing_token == token
@@ -157,10 +177,10 @@ def test_grant_is_persisted_before_acquire_returns(ledger, db_path, clock):
         other.close()
 
 
-def test_restarted_ledger_never_reissues_a_token(ledger, db_path, clock):
+def test_restarted_ledger_never_reissues_a_token(ledger, backend, clock):
     register(ledger)
     first = grant(ledger, "A").fencing_token
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         second = grant(ledger, "A").fencing_token
         assert second > first
@@ -168,11 +188,11 @@ def test_restarted_ledger_never_reissues_a_token(ledger, db_path, clock):
         ledger.close()
 
 
-def test_restart_after_expiry_and_takeover_keeps_increasing_tokens(ledger, db_path, clock):
+def test_restart_after_expiry_and_takeover_keeps_increasing_tokens(ledger, backend, clock):
     register(ledger)
     seen = [grant(ledger, "A").fencing_token]
     for holder in ["B", "A", "B"]:
-        ledger = restart(ledger, db_path, clock)
+        ledger = restart(ledger, backend, clock)
         clock.advance(TTL + 1)
         seen.append(grant(ledger, holder).fencing_token)
     ledger.close()
@@ -360,11 +380,11 @@ def test_revoke_holder_with_no_leases_returns_empty(ledger):
 # -- lock-delay after restart ---------------------------------------------------------
 
 
-def test_after_restart_live_lease_is_not_granted_to_other_within_one_ttl(ledger, db_path, clock):
+def test_after_restart_live_lease_is_not_granted_to_other_within_one_ttl(ledger, backend, clock):
     register(ledger)
     grant(ledger, "A")
     clock.advance(TTL - 1)  # 1s left on A's lease
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         clock.advance(TTL - 0.5)  # well past A's original expiry, still within one TTL of the restart
         result = ledger.acquire(holder="B", identities=["a"], ttl=TTL)["a"]
@@ -374,10 +394,10 @@ def test_after_restart_live_lease_is_not_granted_to_other_within_one_ttl(ledger,
         ledger.close()
 
 
-def test_after_restart_other_holder_may_acquire_once_ttl_has_passed(ledger, db_path, clock):
+def test_after_restart_other_holder_may_acquire_once_ttl_has_passed(ledger, backend, clock):
     register(ledger)
     g = grant(ledger, "A")
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         clock.advance(TTL + 0.01)
         taken = grant(ledger, "B")
@@ -386,11 +406,11 @@ def test_after_restart_other_holder_may_acquire_once_ttl_has_passed(ledger, db_p
         ledger.close()
 
 
-def test_after_restart_same_holder_may_renew_during_lock_delay(ledger, db_path, clock):
+def test_after_restart_same_holder_may_renew_during_lock_delay(ledger, backend, clock):
     register(ledger)
     g = grant(ledger, "A")
     clock.advance(TTL - 1)
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         clock.advance(TTL / 2)
         assert ledger.renew(holder="A", tokens={"a": g.fencing_token})["a"] == g
@@ -399,10 +419,10 @@ def test_after_restart_same_holder_may_renew_during_lock_delay(ledger, db_path, 
         ledger.close()
 
 
-def test_after_restart_same_holder_may_reacquire_during_lock_delay(ledger, db_path, clock):
+def test_after_restart_same_holder_may_reacquire_during_lock_delay(ledger, backend, clock):
     register(ledger)
     g = grant(ledger, "A")
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         clock.advance(1)
         assert grant(ledger, "A").fencing_token == g.fencing_token + 1
@@ -410,11 +430,11 @@ def test_after_restart_same_holder_may_reacquire_during_lock_delay(ledger, db_pa
         ledger.close()
 
 
-def test_released_lease_is_not_lock_delayed_after_restart(ledger, db_path, clock):
+def test_released_lease_is_not_lock_delayed_after_restart(ledger, backend, clock):
     register(ledger)
     g = grant(ledger, "A")
     ledger.release(holder="A", tokens={"a": g.fencing_token})
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         assert grant(ledger, "B").holder == "B"
     finally:
@@ -560,11 +580,11 @@ def test_commit_batch_with_same_identity_twice_checks_versions_in_order(ledger):
     assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 2
 
 
-def test_commits_survive_restart(ledger, db_path, clock):
+def test_commits_survive_restart(ledger, backend, clock):
     register(ledger)
     t = grant(ledger, "A").fencing_token
     ledger.commit_checkpoints([commit("a", t, 4, row=9)])
-    ledger = restart(ledger, db_path, clock)
+    ledger = restart(ledger, backend, clock)
     try:
         view = ledger.resolve(["a"])["a"]
         assert view.snapshot == SnapshotPointer(file="snapshots/x.arrow", row=9, version=4)
@@ -774,7 +794,7 @@ def test_list_identities_sorted_and_filtered_by_labels(ledger):
 
 def test_update_spec_replaces_fingerprint(ledger):
     register(ledger)
-    ledger.update_spec(identity="a", spec=b"new", fingerprint="f2", agent_class="m:D", labels={"k": "v"})
+    ledger.apply_specs(creates=[], updates=[spec_record("a", "f2", {"k": "v"}, spec=b"new", agent_class="m:D")])
     view = ledger.resolve(["a"])["a"]
     assert (view.spec, view.fingerprint, view.agent_class, view.labels) == (b"new", "f2", "m:D", {"k": "v"})
     assert register(ledger, fingerprint="f2").created is False
@@ -782,7 +802,7 @@ def test_update_spec_replaces_fingerprint(ledger):
 
 def test_update_spec_unknown_identity(ledger):
     with pytest.raises(UnknownIdentityError):
-        ledger.update_spec(identity="ghost", spec=b"", fingerprint="f", agent_class="m:C", labels={})
+        ledger.apply_specs(creates=[], updates=[spec_record("ghost", "f", spec=b"")])
 
 
 # -- hosts --------------------------------------------------------------------------------
@@ -864,6 +884,8 @@ def test_refusal_from_commit_pickles_with_attributes(ledger, two_grants):
 
 
 class TwoHolderLedgerMachine(RuleBasedStateMachine):
+    backend: type[SqliteBackend] = SqliteBackend
+
     """Two holders race for one identity across clock jumps and ledger restarts.
 
     Checked: (a) a commit is accepted iff its token is the highest ever granted;
@@ -875,7 +897,7 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="ledger-prop-")
-        self.path = Path(self.dir) / "ledger.sqlite"
+        self.store = self.backend(Path(self.dir))
         self.clock = FakeClock()
         self.ledger: Ledger | None = None
         self.granted: list[int] = []
@@ -888,12 +910,13 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
 
     @initialize()
     def open(self) -> None:
-        self.ledger = Ledger(self.path, clock=self.clock)
+        self.ledger = self.store.open(self.clock)
         register(self.ledger)
 
     def teardown(self) -> None:
         if self.ledger is not None:
             self.ledger.close()
+        self.store.cleanup()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _live_holder(self) -> str | None:
@@ -987,7 +1010,7 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
         self.ledger.close()
         self.ledger = None
         live = self._live_holder()
-        self.ledger = Ledger(self.path, clock=self.clock)
+        self.ledger = self.store.open(self.clock)
         now = self.clock.now
         if live is not None:
             self.protected = (live, now + TTL)
@@ -1018,10 +1041,16 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
             assert self.ledger.high_water("a") == (max(self.granted) if self.granted else 0)
 
 
-TwoHolderLedgerMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-test_two_holders_fencing_across_restarts = TwoHolderLedgerMachine.TestCase
+def _machine_for(name: str, backend: type[SqliteBackend]) -> type:
+    machine = type(f"TwoHolderLedgerMachine_{name}", (TwoHolderLedgerMachine,), {"backend": backend})
+    machine.TestCase.settings = settings(
+        max_examples=200,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    return machine.TestCase
+
+
+for _name, _backend in BACKENDS.items():
+    globals()[f"test_two_holders_fencing_across_restarts_{_name}"] = _machine_for(_name, _backend)

@@ -1,0 +1,137 @@
+"""Leases and fencing tokens: the rules that keep one writer per identity.
+
+* A grant's token is strictly larger than every token issued before for that identity,
+  and the raised high-water mark is written in the same transaction as the grant, so a
+  restarted ledger never issues a token twice.
+* Every write made on behalf of an identity presents ``(identity, token)`` and is checked
+  by :func:`check_fence` in the transaction that writes: a token below the high-water
+  mark is refused with ``StaleFencingTokenError``, an equal one accepted, a larger one
+  (never issued) means the writer's lease is gone (``LeaseLostError``).
+* A grant also stamps the continuity record with its token: the fence advances in the
+  commit that grants, so there is no moment in which a grant exists and the previous
+  owner could still write.
+* Leases found live when the ledger opens are extended to one TTL from then
+  (lock-delay): the ledger cannot know whether their holders are alive, and moving a
+  live owner's agents would fence it needlessly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+
+from ..errors import (
+    LeaseLostError,
+    RayfleetError,
+    StaleFencingTokenError,
+    UnknownIdentityError,
+)
+from ..identity._names import format_runtime_id
+from ..identity._values import LeaseDenied, LeaseGrant
+from . import _views
+from ._store import Transaction
+from ._values import Activation
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def apply_lock_delay(tx: Transaction, now: float) -> None:
+    tx.execute("UPDATE leases SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END",
+               (now, now))
+
+
+def raise_high_water(tx: Transaction, identity: str) -> int:
+    """Issue the next token of ``identity`` (persisted with the caller's transaction)."""
+    row = tx.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+    token = 1 if row is None else int(row[0]) + 1
+    tx.execute(
+        "INSERT INTO fences (identity, high_water) VALUES (?, ?) "
+        "ON CONFLICT(identity) DO UPDATE SET high_water = excluded.high_water",
+        (identity, token),
+    )
+    return token
+
+
+def high_water(tx: Transaction, identity: str) -> int:
+    row = tx.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def check_fence(tx: Transaction, identity: str, token: int) -> None:
+    """The one fencing check: raise unless ``token`` is the identity's current high-water mark."""
+    row = tx.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
+    if row is None:
+        raise UnknownIdentityError(identity=identity)
+    if token < row[0]:
+        raise StaleFencingTokenError(identity=identity, presented=token, current=row[0])
+    if token > row[0]:
+        raise LeaseLostError(identity=identity, detail=f"token {token} was never issued (high-water {row[0]})")
+
+
+def acquire(
+    tx: Transaction, *, holder: str, identities: Iterable[str], ttl: float, create_continuity: bool, now: float
+) -> dict[str, Activation | LeaseDenied | RayfleetError]:
+    results: dict[str, Activation | LeaseDenied | RayfleetError] = {}
+    for identity in dict.fromkeys(identities):
+        if not _views.exists(tx, identity):
+            results[identity] = UnknownIdentityError(identity=identity)
+            continue
+        current = tx.execute("SELECT holder, expires_at FROM leases WHERE identity = ?", (identity,)).fetchone()
+        if current is not None and current[0] != holder and current[1] > now:
+            results[identity] = LeaseDenied(identity=identity, holder=current[0], expires_in=current[1] - now)
+            continue
+        token = raise_high_water(tx, identity)
+        tx.execute(
+            "INSERT INTO leases (identity, holder, token, ttl, expires_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(identity) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+            "ttl = excluded.ttl, expires_at = excluded.expires_at",
+            (identity, holder, token, ttl, now + ttl),
+        )
+        stamped = tx.execute("UPDATE continuity SET fence = ? WHERE identity = ?", (token, identity)).rowcount
+        if not stamped and create_continuity:
+            tx.execute(
+                "INSERT INTO continuity (identity, runtime_id, session_id, generation, checkpoint_version, fence, "
+                "snapshot_file, snapshot_row) VALUES (?, ?, ?, 0, 0, ?, NULL, NULL)",
+                (identity, format_runtime_id(identity, 0), new_session_id(), token),
+            )
+        view = _views.view(tx, identity, now)
+        if view is None:  # pragma: no cover - the identity row was read above, in this transaction
+            raise UnknownIdentityError(identity=identity)
+        results[identity] = Activation(
+            grant=LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=ttl), view=view,
+            dedup=tuple(_views.dedup_rows(tx, identity)),
+        )
+    return results
+
+
+def renew(tx: Transaction, *, holder: str, tokens: Mapping[str, int], now: float) -> dict[str, LeaseGrant | None]:
+    results: dict[str, LeaseGrant | None] = {}
+    for identity, token in tokens.items():
+        row = tx.execute("SELECT holder, token, ttl FROM leases WHERE identity = ?", (identity,)).fetchone()
+        if row is None or row[0] != holder or row[1] != token:
+            results[identity] = None
+            continue
+        tx.execute("UPDATE leases SET expires_at = ? WHERE identity = ?", (now + row[2], identity))
+        results[identity] = LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=row[2])
+    return results
+
+
+def release(tx: Transaction, *, holder: str, tokens: Mapping[str, int]) -> int:
+    return sum(
+        tx.execute("DELETE FROM leases WHERE identity = ? AND holder = ? AND token = ?",
+                   (identity, holder, token)).rowcount
+        for identity, token in tokens.items()
+    )
+
+
+def free_holder(tx: Transaction, holder: str) -> list[str]:
+    """Drop every lease of ``holder``; returns the freed identities, sorted."""
+    freed = [row[0] for row in tx.execute("SELECT identity FROM leases WHERE holder = ? ORDER BY identity", (holder,))]
+    tx.execute("DELETE FROM leases WHERE holder = ?", (holder,))
+    return freed
+
+
+def drop(tx: Transaction, identity: str) -> None:
+    tx.execute("DELETE FROM leases WHERE identity = ?", (identity,))

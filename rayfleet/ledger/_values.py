@@ -1,0 +1,203 @@
+"""The values the ledger takes and returns: frozen, picklable, and the same for every store.
+
+They cross process boundaries (host and driver to the ledger actor), so they hold plain
+data only; payloads the ledger does not interpret (specs, envelopes, step outputs)
+travel as pickled ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..identity._values import (
+    DEFAULT_DEDUP_CAPACITY,
+    ContinuityRecord,
+    LeaseGrant,
+    SnapshotPointer,
+)
+
+DEFAULT_LEASE_TTL = 10.0
+"""Seconds a lease lasts unless the fleet configures otherwise; hosts renew every TTL/3."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecRecord:
+    """The ledger's columns for one identity's spec; the spec itself travels pickled in ``spec``."""
+
+    identity: str
+    spec: bytes
+    fingerprint: str
+    """Equal fingerprints mean equal specs: spawning again with the same one is a no-op."""
+    agent_class: str
+    labels: dict[str, str] = field(default_factory=dict)
+    addressability: str = "ADDRESSABLE"
+    peers: tuple[str, ...] = ()
+    """Peers the spec declares (desired edges)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterOutcome:
+    """What ``register`` did: created the identity, or found an identical one."""
+
+    created: bool
+    lifecycle: str
+    awaited: bool = False
+    """Some other identity already declares this one as a peer (its edge can be wired now)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseView:
+    """The live lease on an identity as the ledger sees it now."""
+
+    holder: str
+    fencing_token: int
+    ttl: float
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdentityView:
+    """Everything the ledger holds about one identity (read-only)."""
+
+    identity: str
+    spec: bytes
+    """The cloudpickled ``AgentSpec``."""
+    fingerprint: str
+    agent_class: str
+    labels: dict[str, str]
+    addressability: str
+    lifecycle: str
+    reason: str
+    continuity: ContinuityRecord | None
+    snapshot: SnapshotPointer | None
+    lease: LeaseView | None
+    paused: bool = False
+    declared_peers: tuple[str, ...] = ()
+    """Peers named in the spec (desired edges)."""
+    wired_peers: tuple[str, ...] = ()
+    """Peers it is wired to now (live edges), which ``self.peers`` shows."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Activation:
+    """The result of acquiring an identity to host it: grant plus what to load."""
+
+    grant: LeaseGrant
+    view: IdentityView
+    dedup: tuple[tuple[str, bytes], ...] = ()
+    """The identity's remembered idempotency keys and replies, oldest first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCommit:
+    """One pointer to commit: identity, the writer's token, the new version and row.
+
+    ``dedup`` carries the idempotency keys (and pickled replies) of the turns this
+    checkpoint covers, committed in the same transaction as the pointer, so a key is
+    remembered exactly when the effect it guards is durable.
+    """
+
+    identity: str
+    fencing_token: int
+    version: int
+    pointer: SnapshotPointer
+    dedup: tuple[tuple[str, bytes], ...] = ()
+    dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredMessage:
+    """A parked message or a dead letter as the ledger keeps it (payload still pickled)."""
+
+    id: int
+    identity: str
+    message_id: str
+    envelope: bytes
+    at: float
+    reason: str = ""
+    error: str = ""
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostInfo:
+    """A registered host: its actor name, the lease holder id of its current incarnation, and whether it drains."""
+
+    name: str
+    holder: str
+    started_at: float
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeRow:
+    """A live edge as stored: canonical endpoints (``a < b``) and whether the platform manages it."""
+
+    a: str
+    b: str
+    managed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologySnapshot:
+    """Everything reconciliation needs, read in one consistent view."""
+
+    lifecycles: dict[str, str]
+    """Identity to its persisted lifecycle marker."""
+    declared: dict[str, tuple[str, ...]]
+    """Identity to the peers its spec declares."""
+    explicit: tuple[tuple[str, str], ...]
+    """Edges wired explicitly with ``fleet.topology.wire`` (canonical pairs)."""
+    live: tuple[EdgeRow, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologyChange:
+    """Changes to live edges applied in one transaction (each a list of canonical pairs)."""
+
+    wire: tuple[tuple[str, str], ...] = ()
+    """Insert as managed (or mark an existing edge managed)."""
+    adopt: tuple[tuple[str, str], ...] = ()
+    """Mark an edge found live as managed."""
+    unwire: tuple[tuple[str, str], ...] = ()
+    """Remove managed edges."""
+    forget: tuple[tuple[str, str], ...] = ()
+    """Remove managed edges whose endpoint is gone."""
+    link: tuple[tuple[str, str], ...] = ()
+    """Insert as unmanaged (an edge someone else made)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """A workflow run as the run registry keeps it."""
+
+    run_id: str
+    workflow: str
+    code_version: str
+    status: str
+    detail: str
+    cancel_requested: bool
+    pause_requested: bool
+    created_at: float
+    updated_at: float
+    outcome: bytes | None
+    """The pickled ``WorkflowOutcome`` once the run ended."""
+    submitted: bool
+    """The run was submitted to the runner (its pickled definition is stored)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalEntry:
+    """One journaled step output (pickled or Arrow IPC bytes) and the tokens it spent."""
+
+    label: str
+    output: bytes
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalRecord:
+    """A run's journal: step outputs in completion order, and the steps compensated successfully."""
+
+    steps: tuple[JournalEntry, ...]
+    compensated: tuple[str, ...]
