@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import RayfleetError
+from ..roster import roster_json_schema
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("roster")
     apply.add_argument("--dry-run", action="store_true", help="report what would change, change nothing")
     apply.add_argument("--prune", action="store_true", help="retire identities the roster does not list")
+    roster = commands.add_parser("roster", help="roster files")
+    roster_commands = roster.add_subparsers(dest="roster_command", required=True)
+    roster_commands.add_parser("schema", help="print the JSON Schema of a roster file (for editors and CI)")
     topology = commands.add_parser("topology", help="peer wiring")
     topology_commands = topology.add_subparsers(dest="topology_command", required=True)
     export = topology_commands.add_parser("export", help="print the topology as dot, mermaid or json")
@@ -74,6 +78,10 @@ def _run(arguments: argparse.Namespace) -> int:
         from ..demo._script import run_demo
 
         return run_demo(storage=arguments.storage, address=arguments.address)
+    if arguments.command == "roster":
+        # Offline: the schema describes files, so there is no fleet to connect to.
+        _print(roster_json_schema())
+        return 0
     from ..platform._fleet import connect
 
     fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rayfleet.demo.agents import Counter
 from rayfleet.errors import InvalidSpecError
 from rayfleet.identity._spec import AgentSpec
 from rayfleet.identity._values import Addressability, Durability, TopologyPolicy
+from rayfleet.retry import RetryPolicy
+from rayfleet.roster import RosterAgent, RosterFile, roster_json_schema
 from rayfleet.roster._roster import (
     RosterChange,
     load_roster,
@@ -170,3 +176,79 @@ def test_plan_roster_create_update_unchanged_prune() -> None:
     assert plan_roster([a, b], {"a": a, "b": b}, prune=True).is_empty
     with pytest.raises(InvalidSpecError, match="duplicate identity in roster: 'a'"):
         plan_roster([a, a], {}, prune=False)
+
+
+def test_roster_agent_carries_exactly_the_spec_fields_with_the_spec_defaults() -> None:
+    spec_fields = fields(AgentSpec)
+    assert list(RosterAgent.model_fields) == [item.name for item in spec_fields]
+    plain = AgentSpec(identity="a", agent=COUNTER)
+    for item in spec_fields:
+        if item.default is MISSING and item.default_factory is MISSING:
+            assert RosterAgent.model_fields[item.name].is_required()
+        elif item.name == "retry":
+            assert RosterAgent.model_fields["retry"].default.to_policy() == plain.retry
+        else:
+            assert RosterAgent.model_fields[item.name].default == getattr(plain, item.name)
+
+
+def test_json_schema_is_json_and_a_roster_validated_by_the_model_gives_the_same_specs() -> None:
+    schema = json.loads(json.dumps(roster_json_schema()))
+    assert schema["$schema"].startswith("https://json-schema.org/") and "agents" in schema["properties"]
+    assert schema == {"$schema": schema["$schema"], **RosterFile.model_json_schema()}
+    agent = schema["$defs"]["RosterAgent"]
+    assert agent["required"] == ["identity", "agent"] and agent["additionalProperties"] is False
+    assert all(field.get("description") for field in agent["properties"].values())
+    assert schema["$defs"]["Durability"]["enum"] == [member.value for member in Durability]
+    roster = RosterFile.model_validate(yaml.safe_load(GOOD))
+    assert [s.fingerprint() for s in roster.to_specs()] == [s.fingerprint() for s in load_roster(GOOD)]
+    assert [a.to_spec().fingerprint() for a in roster.agents] == [s.fingerprint() for s in load_roster(GOOD)]
+
+
+def test_the_json_schema_accepts_a_good_roster_and_refuses_an_unknown_key() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = roster_json_schema()
+    jsonschema.validate(yaml.safe_load(GOOD), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"agents": [{"identity": "a", "agent": COUNTER, "peerz": []}]}, schema)
+
+
+def test_numbers_reach_the_spec_as_written() -> None:
+    # 2 and 2.0 give different fingerprints; a roster must not turn one into the other.
+    [spec] = load_roster(f"agents:\n  - identity: a\n    agent: {COUNTER}\n    checkpoint_interval: 2\n"
+                         f"    retry: {{base_delay: 1}}\n")
+    assert spec.fingerprint() == AgentSpec(identity="a", agent=COUNTER, checkpoint_interval=2,
+                                           retry=RetryPolicy(base_delay=1)).fingerprint()
+    assert type(spec.checkpoint_interval) is int and type(spec.retry.base_delay) is int
+    with pytest.raises(InvalidSpecError, match=r"line 2 \(identity 'a'\): dedup_capacity '5': "
+                                               r"Input should be a valid integer") as caught:
+        load_roster(f"agents:\n  - identity: a\n    agent: {COUNTER}\n    dedup_capacity: '5'\n")
+    assert getattr(caught.value, "subject", None) == "dedup_capacity"
+
+
+def test_wrong_types_and_nested_unknown_keys_name_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, f"agents:\n  - identity: a\n    agent: {COUNTER}\n    peers: b\n"
+                           f"    retry: {{tries: 3}}\n")
+    with pytest.raises(InvalidSpecError) as caught:
+        load_roster(path)
+    message = str(caught.value)
+    assert str(path) in message and "line 2 (identity 'a')" in message
+    assert "unknown key(s) retry.tries. Allowed keys for retry: max_attempts, base_delay" in message
+    assert "peers 'b': Input should be a list" in message
+    with pytest.raises(InvalidSpecError, match=r"retry delays must satisfy"):
+        load_roster(f"agents:\n  - identity: a\n    agent: {COUNTER}\n    retry: {{base_delay: 3, max_delay: 1}}\n")
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    path = write(tmp_path, f"version: 1\nagents:\n  - identity: a\n    agent: {COUNTER}\n")
+    with pytest.raises(InvalidSpecError, match=r"roster\.yaml: unknown top-level key\(s\) version\. "
+                                               r"A roster has a single top-level key, 'agents'"):
+        load_roster(path)
+
+
+def test_list_items_may_carry_classes_and_retry_policies() -> None:
+    [spec] = load_roster([{"identity": "a", "agent": Counter, "retry": RetryPolicy(max_attempts=2), "peers": {"b"}}])
+    assert spec.agent is Counter and spec.retry == RetryPolicy(max_attempts=2) and spec.peers == ("b",)
+    with pytest.raises(InvalidSpecError, match=r"roster list item 0 \(identity 'a'\).*must be an rf.Agent subclass"):
+        load_roster([{"identity": "a", "agent": int}])
+    with pytest.raises(InvalidSpecError, match=r"roster list item 1: each agent must be a mapping"):
+        load_roster([spec, "b"])
