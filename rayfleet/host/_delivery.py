@@ -1,8 +1,40 @@
-"""The delivery pipeline of a host: the gates every message passes, retries, dead letters, pause.
+"""The delivery path of a host: the gates every message passes, retries, dead letters, pause and resume.
 
-Order of the gates (DESIGN.md section 7, specs/delivery-and-pause.md): addressability,
-lifecycle state, pause, conversation fence, dedup, deadline, then the handler with
-retries, the commit per durability, and the reply.
+Every message meets the same gates, in this order:
+
+1. addressability: an outside caller (``sender is None``) never reaches an
+   ``INTERNAL_ONLY`` agent, and learns nothing else about it;
+2. lifecycle state: activation refuses a retired or broken identity;
+3. the handler exists and the arguments bind to it;
+4. pause: while the agent is paused the message is parked durably in the ledger
+   and its caller waits until a resume replays it;
+5. conversation fence: a fence below the conversation's high-water mark is refused;
+6. dedup: a repeated idempotency key of the same sender gets the original reply
+   without running the handler;
+7. deadline: a message whose deadline has passed is not run;
+8. the handler, retried per the agent's ``RetryPolicy`` while it raises retryable
+   errors; each failed attempt leaves State as it was before the attempt;
+9. the commit, at once for ``EVERY_TURN`` durability, later for the others;
+10. the reply.
+
+A message refused for its arguments, a stale fence or a passed deadline, or whose
+handler fails for good, goes to the dead-letter log with its original envelope and
+the reason. Addressability, lifecycle and unknown-handler refusals are not
+dead-lettered: the caller gets a typed error it can act on at once. A replayed
+parked message may have no caller left to tell, so there an unknown handler is
+dead-lettered too. A lost lease is not dead-lettered: the caller retries with the
+new owner, and a parked message stays parked for it.
+
+Turns of one identity run one at a time under its turn lock; turns of different
+identities run concurrently. Deadlines and fence ages are wall-clock seconds because
+they are compared with values other processes wrote (``Envelope.deadline`` is a
+``time.time()`` value, fence high-water marks travel with the checkpoint to the next
+owner); idle accounting uses the runtime's monotonic clock. Both clocks are injected
+so the gates can be tested without sleeping.
+
+``Delivery`` holds no agents and takes no leases: it reads the runtime's entries and
+asks the runtime, through :class:`~rayfleet.host._ports.ActivationPort`, to activate,
+keep a lease healthy, checkpoint and publish events.
 """
 
 from __future__ import annotations
@@ -12,7 +44,7 @@ import dataclasses
 import logging
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -37,34 +69,63 @@ from ._messages import DeadLetterReason, Envelope
 
 if TYPE_CHECKING:
     from ..ledger._contract import LedgerClient
+    from ._ports import ActivationPort
 
 log = logging.getLogger("rayfleet.pipeline")
 
+PARKED_REPLAY_BATCH = 100
+"""Parked messages read from the ledger per round of a resume."""
 
-class DeliveryPipeline:
-    """The message path of :class:`~rayfleet.identity.HostRuntime` (a mixin it inherits).
 
-    It relies on the runtime for activation (``_activate``), leases
-    (``_ensure_healthy_lease``), commits (``_commit``) and events (``_emit``).
+@dataclasses.dataclass(slots=True)
+class DeliveryCounters:
+    """What the delivery path has counted since its host started (part of ``HostStatistics``)."""
+
+    turns: int = 0
+    """Handler attempts, retries included."""
+    handler_errors: int = 0
+    """Attempts that raised."""
+    duplicates: int = 0
+    """Messages answered from the dedup window without running the handler."""
+    dead_letters: int = 0
+    """Messages sent to the dead-letter log, counted even when recording one failed."""
+    parked: int = 0
+    """Messages parked because their agent was paused."""
+
+
+class Delivery:
+    """Runs messages through the gates and their handlers; one instance per host.
+
+    Args:
+        entries: the agents hosted now, by identity. The runtime adds and removes
+            entries; delivery only reads the mapping, so it must be the runtime's live one.
+        ledger: where parked messages, dead letters and the pause flag are kept.
+        activations: the runtime's side of delivery (activation, lease health,
+            checkpoints, events).
+        clock: monotonic seconds, stamped on an entry when a turn starts so the
+            runtime can deactivate idle agents.
+        wall_clock: wall-clock seconds for deadlines and conversation fences;
+            ``time.time`` unless a test moves time by hand.
     """
 
-    _entries: dict[str, HostedAgent]
-    _ledger: LedgerClient
-    _counters: dict[str, int]
-    _parked_waiters: dict[str, asyncio.Future[TurnResult]]
-    _refused_internal: set[str]
-
-    async def _activate(self, identity: str) -> HostedAgent:
-        raise NotImplementedError
-
-    async def _ensure_healthy_lease(self, entry: HostedAgent) -> None:
-        raise NotImplementedError
-
-    async def _commit(self, entry: HostedAgent) -> int:
-        raise NotImplementedError
-
-    def _emit(self, identity: str, kind: EventKind, **details: Any) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        *,
+        entries: Mapping[str, HostedAgent],
+        ledger: LedgerClient,
+        activations: ActivationPort,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._entries = entries
+        self._ledger = ledger
+        self._activations = activations
+        self._clock = clock
+        self._wall_clock = wall_clock
+        # Callers of parked messages, by message id. Kept across a failed replay so the
+        # caller still gets the answer when a later resume on this host replays it.
+        self._parked_waiters: dict[str, asyncio.Future[TurnResult]] = {}
+        self.counters = DeliveryCounters()
 
     # -- turns ----------------------------------------------------------------------
 
@@ -81,7 +142,11 @@ class DeliveryPipeline:
         conversation: str | None = None,
         fence: int | None = None,
     ) -> TurnResult:
-        """Build an :class:`Envelope` and deliver it (see :meth:`deliver_envelope`)."""
+        """Build an :class:`Envelope` and deliver it (see :meth:`deliver_envelope`).
+
+        Raises:
+            InvalidSpecError: the message is malformed (see :class:`Envelope`).
+        """
         return await self.deliver_envelope(Envelope(
             target=identity, method=method, args=tuple(args), kwargs=dict(kwargs or {}), sender=sender,
             idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, fence=fence,
@@ -90,32 +155,22 @@ class DeliveryPipeline:
     async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
         """Run one message through the gates and, if it passes, one turn of its handler.
 
-        Gates, in order (DESIGN.md section 7): addressability, lifecycle state, pause
-        (park durably and wait for the resume), conversation fence, dedup (a duplicate
-        gets the original reply), deadline, then the handler with retries, the commit
-        per durability, and the reply. Refused and failed messages go to the dead-letter
-        log with the original envelope, except addressability and lifecycle refusals,
-        which the caller can act on directly.
+        The gates run in the order the module describes. A paused agent parks the
+        message durably and this call returns only when a resume has replayed it (or
+        a cancel has dead-lettered it). An entry deactivated or fenced while the
+        message waited for its turn is activated again and the message retried there.
 
         Raises:
             NotAddressableError: an outside caller tried an ``INTERNAL_ONLY`` agent.
             OwnedElsewhere: another live host holds the lease (internal; the caller re-routes).
+            HostDraining: this host takes no new activations (internal; the caller re-routes).
             StaleFencingTokenError: the conversation fence is below one already seen.
             DeadlineExceededError: the deadline passed before the turn ran.
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
         identity = envelope.target
-        entry = self._entries.get(identity)
-        if entry is None:
-            try:
-                entry = await self._activate(identity)
-            except InvalidStateError:
-                if envelope.sender is None and identity in self._refused_internal:
-                    raise NotAddressableError(identity=identity) from None
-                raise
-        if envelope.sender is None and entry.spec.addressability is Addressability.INTERNAL_ONLY:
-            raise NotAddressableError(identity=identity)
+        entry = await self._addressable_entry(envelope)
         info = entry.agent.__rayfleet_handlers__.get(envelope.method)
         if info is None:
             raise UnknownHandlerError(
@@ -135,35 +190,36 @@ class DeliveryPipeline:
                 waiter = await self._park(entry, envelope)
             else:
                 return await self._turn(entry, envelope, info, bound)
-        # Parked: wait, outside the turn lock, until a resume replays the message.
+        # Parked: wait outside the turn lock, so the resume that replays it can take the lock.
         return await waiter
 
-    async def _turn(self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]) -> TurnResult:
-        """The gates after pause, then the handler (caller holds the turn lock)."""
+    async def _addressable_entry(self, envelope: Envelope) -> HostedAgent:
+        """The addressability and lifecycle gates: the hosted entry of the target, activated if needed."""
         identity = envelope.target
-        if envelope.fence is not None and envelope.conversation is not None:
-            previous = entry.fences.high_water(envelope.conversation)
-            if not entry.fences.accept(envelope.conversation, envelope.fence, time.time()):
-                current = entry.fences.high_water(envelope.conversation) or 0
-                error = StaleFencingTokenError(identity=identity, presented=envelope.fence, current=current)
-                await self._dead_letter(envelope, DeadLetterReason.STALE_FENCE, error.message, attempts=0)
-                raise error
-            if previous != envelope.fence:
-                # A raised high-water mark must outlive this owner even when the turn changes no State.
-                entry.dirty = True
+        entry = self._entries.get(identity)
+        if entry is None:
+            try:
+                entry = await self._activations.activate(identity)
+            except InvalidStateError:
+                # Addressability is checked first even when the agent cannot be activated,
+                # so an outside caller does not learn the lifecycle of an internal agent.
+                if envelope.sender is None and self._activations.is_internal_only(identity):
+                    raise NotAddressableError(identity=identity) from None
+                raise
+        if envelope.sender is None and entry.spec.addressability is Addressability.INTERNAL_ONLY:
+            raise NotAddressableError(identity=identity)
+        return entry
+
+    async def _turn(self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]) -> TurnResult:
+        """The gates after pause, then the handler, the commit and the reply (caller holds the turn lock)."""
+        await self._check_fence(entry, envelope)
         key = envelope.dedup_key()
         if key is not None:
-            original = entry.dedup.get(key)
-            if original is not None:
-                self._counters["duplicates"] += 1
-                value, usage = cloudpickle.loads(original)
-                return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, duplicate=True)
-        if envelope.deadline is not None and time.time() > envelope.deadline:
-            error = DeadlineExceededError(identity=identity, method=envelope.method,
-                                          timeout=max(envelope.deadline - envelope.sent_at, 0.0))
-            await self._dead_letter(envelope, DeadLetterReason.DEADLINE_EXCEEDED, error.message, attempts=0)
-            raise error
-        await self._ensure_healthy_lease(entry)
+            remembered = self._remembered_reply(entry, key)
+            if remembered is not None:
+                return remembered
+        await self._check_deadline(envelope)
+        await self._activations.ensure_healthy_lease(entry)
         value, usage = await self._run_with_retries(entry, envelope, info, bound)
         if key is not None:
             reply = cloudpickle.dumps((value, usage))
@@ -171,23 +227,61 @@ class DeliveryPipeline:
             entry.pending_dedup.append((key, reply))
             entry.dirty = True
         if entry.dirty and entry.spec.durability is Durability.EVERY_TURN:
-            await self._commit(entry)
+            await self._activations.commit(entry)
         return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
+
+    async def _check_fence(self, entry: HostedAgent, envelope: Envelope) -> None:
+        """Refuse (and dead-letter) a conversation fence below the high-water mark; an equal one passes."""
+        if envelope.fence is None or envelope.conversation is None:
+            return
+        previous = entry.fences.high_water(envelope.conversation)
+        if not entry.fences.accept(envelope.conversation, envelope.fence, self._wall_clock()):
+            current = entry.fences.high_water(envelope.conversation) or 0
+            error = StaleFencingTokenError(identity=envelope.target, presented=envelope.fence, current=current)
+            await self._dead_letter(envelope, DeadLetterReason.STALE_FENCE, error.message, attempts=0)
+            raise error
+        if previous != envelope.fence:
+            # A raised high-water mark must outlive this owner even when the turn changes no State.
+            entry.dirty = True
+
+    def _remembered_reply(self, entry: HostedAgent, key: str) -> TurnResult | None:
+        """The original reply to ``key`` if the dedup window still holds it, else ``None``."""
+        original = entry.dedup.get(key)
+        if original is None:
+            return None
+        self.counters.duplicates += 1
+        value, usage = cloudpickle.loads(original)
+        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, duplicate=True)
+
+    async def _check_deadline(self, envelope: Envelope) -> None:
+        """Refuse (and dead-letter) a message whose wall-clock deadline has passed."""
+        if envelope.deadline is None or self._wall_clock() <= envelope.deadline:
+            return
+        error = DeadlineExceededError(identity=envelope.target, method=envelope.method,
+                                      timeout=max(envelope.deadline - envelope.sent_at, 0.0))
+        await self._dead_letter(envelope, DeadLetterReason.DEADLINE_EXCEEDED, error.message, attempts=0)
+        raise error
 
     async def _run_with_retries(
         self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]
     ) -> tuple[Any, Usage]:
+        """Run the handler until it succeeds, fails for good, or the policy's attempts are used up.
+
+        Raises:
+            HandlerError: the last attempt failed; the message is dead-lettered as
+                ``RETRIES_EXHAUSTED`` (retryable error) or ``REJECTED`` (any other).
+        """
         policy = entry.spec.retry
         for attempt in range(policy.max_attempts):
             before = entry.agent.state.model_copy(deep=True)
-            self._counters["turns"] += 1
+            self.counters.turns += 1
             entry.last_used = self._clock()
             try:
                 outcome = await run_handler(info, entry.agent, bound)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - user code may raise anything; it becomes a HandlerError
                 # A failed attempt leaves State as it was: the next one starts from the same place.
                 entry.agent.state = before
-                self._counters["handler_errors"] += 1
+                self.counters.handler_errors += 1
                 retry = is_retryable(error) and attempt + 1 < policy.max_attempts
                 if retry:
                     await asyncio.sleep(policy.delay_for(attempt))
@@ -211,10 +305,15 @@ class DeliveryPipeline:
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
-        self._counters["dead_letters"] += 1
+        """Record ``envelope`` in the dead-letter log; never raises.
+
+        A dead letter that cannot be recorded is logged instead: the caller is already
+        getting the original error, which must not be replaced by the ledger's.
+        """
+        self.counters.dead_letters += 1
         try:
             payload = cloudpickle.dumps(envelope)
-        except Exception as problem:  # unpicklable arguments: keep what can be kept, readably
+        except Exception as problem:  # noqa: BLE001 - unpicklable arguments: keep what can be kept, readably
             payload = cloudpickle.dumps(dataclasses.replace(
                 envelope, args=(), kwargs={"unpicklable_arguments": repr((envelope.args, envelope.kwargs))[:2000]}
             ))
@@ -224,10 +323,14 @@ class DeliveryPipeline:
                 identity=envelope.target, message_id=envelope.message_id, envelope=payload, reason=reason.value,
                 error=error, attempts=attempts,
             )
-        except Exception as problem:
+        except Exception as problem:  # noqa: BLE001 - see the docstring: the original error wins
             log.error("could not record dead letter for %s.%s: %s", envelope.target, envelope.method, problem)
 
     # -- pause and resume -----------------------------------------------------------
+
+    async def _entry(self, identity: str) -> HostedAgent:
+        """The hosted entry of ``identity``, activating it here if needed."""
+        return self._entries.get(identity) or await self._activations.activate(identity)
 
     async def _park(self, entry: HostedAgent, envelope: Envelope) -> asyncio.Future[TurnResult]:
         """Hold ``envelope`` durably (caller holds the turn lock); returns what its caller awaits."""
@@ -239,16 +342,20 @@ class DeliveryPipeline:
             identity=envelope.target, fencing_token=entry.grant.fencing_token, message_id=envelope.message_id,
             envelope=cloudpickle.dumps(envelope),
         )
-        self._counters["parked"] += 1
+        self.counters.parked += 1
         return waiter
 
     async def pause(self, identity: str) -> bool:
-        """Park every later message of ``identity`` durably until :meth:`resume`."""
-        entry = self._entries.get(identity) or await self._activate(identity)
+        """Park every later message of ``identity`` durably until :meth:`resume`.
+
+        The pause flag is in the ledger, so it holds for the next owner too. A turn
+        already running finishes first. Returns ``True``.
+        """
+        entry = await self._entry(identity)
         async with entry.turn_lock:
             await self._ledger.set_paused(identity=identity, fencing_token=entry.grant.fencing_token, paused=True)
             entry.paused = True
-        self._emit(identity, EventKind.PAUSED)
+        self._activations.emit(identity, EventKind.PAUSED)
         return True
 
     async def resume(self, identity: str) -> int:
@@ -257,11 +364,15 @@ class DeliveryPipeline:
         Messages that arrive during the replay are parked behind the older ones, so the
         order holds. A replayed message whose handler fails is dead-lettered like any
         other; it is never silently dropped. Returns how many messages were replayed.
+
+        Raises:
+            LeaseLostError: ownership was lost during the replay; the messages not yet
+                handled stay parked for the next owner, and the agent stays paused.
         """
-        entry = self._entries.get(identity) or await self._activate(identity)
+        entry = await self._entry(identity)
         replayed = 0
         while True:
-            batch = await self._ledger.parked(identity, limit=100)
+            batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
             async with entry.turn_lock:
                 if entry.dropped:
                     raise LeaseLostError(identity=identity, detail="the agent was dropped while resuming")
@@ -275,10 +386,11 @@ class DeliveryPipeline:
                 for stored in batch:
                     await self._replay(entry, stored.id, cloudpickle.loads(stored.envelope))
                     replayed += 1
-        self._emit(identity, EventKind.RESUMED)
+        self._activations.emit(identity, EventKind.RESUMED)
         return replayed
 
     async def _replay(self, entry: HostedAgent, seq: int, envelope: Envelope) -> None:
+        """Run one parked message (turn lock held) and answer its caller if it waits on this host."""
         waiter = self._parked_waiters.pop(envelope.message_id, None)
         info = entry.agent.__rayfleet_handlers__.get(envelope.method)
         try:
@@ -304,8 +416,12 @@ class DeliveryPipeline:
         await self._ledger.unpark(identity=envelope.target, fencing_token=entry.grant.fencing_token, seq=seq)
 
     async def cancel_parked(self, identity: str) -> int:
-        """Move every parked message of ``identity`` to the dead letters (reason CANCELLED)."""
-        entry = self._entries.get(identity) or await self._activate(identity)
+        """Move every parked message of ``identity`` to the dead letters (reason ``CANCELLED``).
+
+        Callers still waiting on this host get ``InvalidStateError``. The agent stays
+        paused. Returns how many messages were cancelled.
+        """
+        entry = await self._entry(identity)
         async with entry.turn_lock:
             parked = await self._ledger.parked(identity, limit=1_000_000)
             count = await self._ledger.cancel_parked(identity=identity, fencing_token=entry.grant.fencing_token)

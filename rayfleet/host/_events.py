@@ -1,4 +1,9 @@
-"""Per-identity event fan-out: bounded, drop-oldest queues, one per subscriber."""
+"""Per-identity event fan-out: bounded, drop-oldest queues, one per subscriber.
+
+Emitting never blocks and never waits for a reader: each subscriber has its own
+bounded buffer, and a slow one loses its oldest events (counted in ``skipped``)
+instead of stalling the host's turns.
+"""
 
 from __future__ import annotations
 

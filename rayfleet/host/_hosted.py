@@ -1,4 +1,12 @@
-"""What a host keeps per activated agent, and the values a turn produces."""
+"""What a host keeps per activated agent, the values a turn produces, and the host's internal signals.
+
+A ``HostedAgent``'s State and delivery bookkeeping change only under its own
+``turn_lock``; only the renewal loop (which replaces the grant or drops the entry)
+and a peer refresh touch it without the lock. Once ``dropped`` is set the
+entry is never served again: a message that finds it dropped activates the
+identity anew. ``OwnedElsewhere`` and ``HostDraining`` are signals to the platform
+(go to the owning host, or to another one), never errors a user sees.
+"""
 
 from __future__ import annotations
 

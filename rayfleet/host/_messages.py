@@ -1,7 +1,12 @@
 """Delivery values and bounded maps: envelopes, dead letters, parked messages, dedup window, fence map.
 
-The pipeline that uses them lives in ``_runtime.py``; these are plain data structures
-so their arithmetic is unit-tested without a host (specs/delivery-and-pause.md §6).
+These are plain data structures, so their arithmetic is tested without a host; the
+delivery path in ``_delivery.py`` uses them. An ``Envelope`` is validated when it is
+built, so a malformed message is refused where it enters instead of failing inside
+a host, and it pickles whole, so a parked or dead-lettered message is stored exactly
+as it was sent. Both per-agent maps are bounded: the dedup window holds a fixed
+number of keys, and the fence map sweeps idle conversations once it passes a soft
+cap, so neither grows with the traffic an agent has ever seen.
 """
 
 from __future__ import annotations
@@ -121,7 +126,7 @@ class DedupWindow:
     """The last ``capacity`` idempotency keys of an agent with their replies.
 
     FIFO, not LRU: seeing a key again does not refresh it, so the oldest keys leave
-    first whatever their traffic (specs/delivery-and-pause.md §6.2).
+    first whatever their traffic, and a hot key cannot keep a newer one out.
     """
 
     def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:

@@ -1,31 +1,52 @@
 """The host runtime: activates identities under fenced leases and runs their turns.
 
 One ``HostRuntime`` lives in each host. It owns the agents it has activated, one
-mailbox (turn lock) per identity, the host's lease renewals and its group committer.
-It knows nothing about Ray: ``platform`` wraps it in an actor.
+mailbox (turn lock) per identity, the host's lease renewals, its group committer
+and every background task it starts. It knows nothing about Ray: ``platform`` wraps
+it in an actor. The message path itself is :class:`~rayfleet.host._delivery.Delivery`,
+which the runtime builds and delegates to; the runtime is its ``ActivationPort``.
 
-Decisions on the quirks of specs/identity-runtime.md section 10.3:
+What the runtime guarantees, and why:
 
-* Q1 (lifecycle operations emit no events): fixed. Retire, respawn, reset and delete
-  emit ``STATE_CHANGED`` so subscribers see every transition.
-* Q2 (new leases do not wake the renewal supervisor): moot here. One renewal loop
-  renews every lease of the host in one batched call at TTL/3, and each turn checks
-  its lease's health before running, renewing on the spot when it is unhealthy.
-* Q3 (re-register cuts off subscribers): fixed. Subscriptions belong to the identity,
-  not to an activation, and end only when the identity is deleted.
-* Q4 (mint failure leaks the lease or leaves SUSPENDED): cannot happen. Identities
-  are validated at the edge, and every failure path of activation releases the lease.
-* Q5 (RG installs a lease on a BROKEN entry): not reproduced; a BROKEN identity is
-  never hosted, and its lease is released.
-* Q6 (double ``internal:`` prefixes): not reproduced; errors are typed, one message.
-* Q7 (retire and delete grants never released): fixed; retire releases its grant,
-  delete removes the lease row with the identity.
-* Q8 (rebind without continuity): no session bridge here, so there is no rebind.
-* Q9 (external binding deletes the original record): no external bindings here.
-* Q10 (stale fence wrapped as ``Store``): fixed; a stale write is always
-  ``StaleFencingTokenError`` wherever it happens.
-* Q11 (unlocked mutators lost under a lifecycle operation): not reproduced; every
-  mutation of an entry happens under that identity's turn lock.
+* Everything that changes a hosted agent's State or delivery bookkeeping (a turn,
+  a commit, pause and resume, deactivation, fencing for a lifecycle operation) runs
+  under that identity's turn lock, so a lifecycle operation never interleaves with
+  a turn and loses its effect or the turn's. Only the renewal loop (which replaces
+  the grant, or drops an entry whose lease is gone) and a peer refresh touch an
+  entry without the lock; a turn running then cannot commit under a lost lease.
+* Activation either hosts the agent or releases the lease it acquired: every
+  failure path (unloadable class, corrupt snapshot, failing ``on_activate``, a
+  retired or broken identity) releases it, so a failed activation never leaves a
+  lease held or a half-built agent behind. Activations started in the same loop
+  turn share one ledger call.
+* A retired or broken identity is never hosted: activation refuses it with
+  ``InvalidStateError``. A snapshot that cannot be read marks only its own identity
+  broken; the rest of the host keeps serving.
+* One renewal loop renews every lease of the host in one batched ledger call every
+  TTL/3, so a new lease needs no wake-up of its own. Each turn also checks its own
+  lease before it runs and renews on the spot when less than a fifth of the TTL is
+  left, so no turn starts on a lease that is nearly gone. An agent whose lease is
+  lost is dropped at once.
+* A lifecycle operation takes a new, larger fencing token before it has any effect,
+  so every later write by an older owner is refused. Retire releases the token it
+  took; delete removes the lease together with the identity.
+* The ledger refuses a write under a stale token with ``StaleFencingTokenError``,
+  never with a storage error. When a checkpoint is refused, the agent is dropped at
+  once and the caller gets ``LeaseLostError`` chained to the refusal.
+* Respawn keeps the generation and the last committed State; reset starts a new
+  generation and session with fresh State. There is no session bridge and there
+  are no external bindings, so nothing is rebound and only the ledger's own
+  operations remove a continuity record.
+* Every lifecycle transition is published: activation, deactivation, retire,
+  respawn, reset and a snapshot found corrupt emit ``STATE_CHANGED``, and delete
+  emits ``DELETED``. Subscriptions belong to the identity, not to an activation:
+  they survive deactivation, respawn and reset, and only delete ends them.
+* Errors are typed and carry one message each, so callers match on the type and
+  never parse a prefixed string.
+* Background work (renewal, housekeeping, the activation batcher, background
+  checkpoints and idle deactivations) is owned by the runtime: each task is kept
+  until it finishes, and ``shutdown`` cancels whatever is still running, so no task
+  outlives the host or is collected while it runs.
 """
 
 from __future__ import annotations
@@ -36,9 +57,9 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -74,11 +95,14 @@ from ..identity._values import (
 )
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import Activation, IdentityView
-from ._delivery import DeliveryPipeline
+from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
-from ._messages import DedupWindow
+from ._messages import DedupWindow, Envelope
 from ._ports import Router
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("rayfleet.runtime")
 
@@ -116,7 +140,7 @@ class HostStatistics:
 class _AgentContext:
     """The capabilities a hosted agent gets (``rf.Agent`` reads them through properties)."""
 
-    __slots__ = ("_runtime", "_entry")
+    __slots__ = ("_entry", "_runtime")
 
     def __init__(self, runtime: HostRuntime, entry: HostedAgent) -> None:
         self._runtime = runtime
@@ -150,7 +174,31 @@ class _AgentContext:
         return await self._runtime._commit(self._entry)
 
 
-class HostRuntime(DeliveryPipeline):
+class _RuntimeActivations:
+    """The runtime as the ``ActivationPort`` of its delivery, without making those methods public."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: HostRuntime) -> None:
+        self._runtime = runtime
+
+    async def activate(self, identity: str) -> HostedAgent:
+        return await self._runtime._activate(identity)
+
+    def is_internal_only(self, identity: str) -> bool:
+        return identity in self._runtime._refused_internal
+
+    async def ensure_healthy_lease(self, entry: HostedAgent) -> None:
+        await self._runtime._ensure_healthy_lease(entry)
+
+    async def commit(self, entry: HostedAgent) -> int:
+        return await self._runtime._commit(entry)
+
+    def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
+        self._runtime._emit(identity, kind, **details)
+
+
+class HostRuntime:
     """Hosts many agents; one turn at a time per identity, concurrent across identities.
 
     Args:
@@ -160,6 +208,11 @@ class HostRuntime(DeliveryPipeline):
         router: how agents reach other agents; ``None`` refuses ``self.send``.
         lease_ttl: seconds each lease lasts; renewed in one batch every TTL/3.
         idle_timeout: seconds without a turn before an agent is deactivated.
+        clock: monotonic seconds for lease ages, idle and checkpoint intervals.
+        wall_clock: wall-clock seconds for message deadlines and conversation
+            fences, which are compared with ``time.time()`` values from other processes.
+        incarnation: the suffix of the lease holder id; random unless given, so a
+            restarted host never passes for its previous incarnation.
     """
 
     def __init__(
@@ -172,6 +225,7 @@ class HostRuntime(DeliveryPipeline):
         lease_ttl: float = 10.0,
         idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         incarnation: str | None = None,
     ) -> None:
         self.name = name
@@ -187,43 +241,68 @@ class HostRuntime(DeliveryPipeline):
         self._acquire_queue: dict[str, list[asyncio.Future[Activation | LeaseDenied | RayfleetError]]] = {}
         self._acquire_flush: asyncio.Task[None] | None = None
         self._spec_cache: dict[str, AgentSpec] = {}
-        self._parked_waiters: dict[str, asyncio.Future[TurnResult]] = {}
+        # Identities refused at activation while INTERNAL_ONLY: delivery answers an outside
+        # caller NOT ADDRESSABLE for them rather than revealing their lifecycle state.
         self._refused_internal: set[str] = set()
         self._events = EventHub()
         self._committer = GroupCommitter(writer=self.holder.replace("@", "-"), ledger=ledger, snapshots=snapshots)
-        self._tasks: list[asyncio.Task[None]] = []
+        # Strong references until done: the event loop keeps only weak ones, and a
+        # collected task would silently stop mid-work.
+        self._background: set[asyncio.Task[None]] = set()
         self._started = False
         self.draining = False
         self._renewal_failures = 0
         self._counters = dict.fromkeys(
-            ("turns", "handler_errors", "activations", "deactivations", "lease_renewals", "leases_lost",
-             "stale_refusals", "duplicates", "dead_letters", "parked"), 0
+            ("activations", "deactivations", "lease_renewals", "leases_lost", "stale_refusals"), 0
+        )
+        self._delivery = Delivery(
+            entries=self._entries, ledger=ledger, activations=_RuntimeActivations(self), clock=clock,
+            wall_clock=wall_clock,
         )
 
     # -- lifecycle of the runtime itself -------------------------------------------
 
     async def start(self) -> None:
+        """Start the group committer, the lease renewal loop and housekeeping.
+
+        Raises:
+            RuntimeError: the runtime was started before.
+        """
         if self._started:
             raise RuntimeError("HostRuntime already started")
         self._started = True
-        loop = asyncio.get_running_loop()
         self._committer.start()
-        self._tasks = [
-            loop.create_task(self._renewal_loop(), name=f"{self.name}-renew"),
-            loop.create_task(self._housekeeping_loop(), name=f"{self.name}-housekeeping"),
-        ]
+        self._spawn(self._renewal_loop(), name=f"{self.name}-renew")
+        self._spawn(self._housekeeping_loop(), name=f"{self.name}-housekeeping")
 
     async def shutdown(self, *, checkpoint: bool = True) -> None:
-        """Deactivate every agent (checkpointing unsaved State), then stop background work."""
+        """Stop taking activations, deactivate every agent, then stop all background work.
+
+        With ``checkpoint`` every agent's unsaved State is committed and its lease
+        released first; without, agents are left as they are and their leases lapse.
+        Every background task still running is cancelled and awaited; an activation
+        still waiting for the ledger then fails with ``HostDraining``, so its caller
+        goes to another host.
+        """
         self.draining = True
         if checkpoint:
             await self.deactivate_all()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Draining refuses new activations, so no new task should start while these are
+        # cancelled; checking again keeps the guarantee even if one does.
+        while tasks := [task for task in self._background if not task.done()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await self._committer.stop()
 
-    async def __aenter__(self) -> HostRuntime:
+    def _spawn(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run ``work`` in the background, owned by this runtime until it finishes or shutdown."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -231,14 +310,58 @@ class HostRuntime(DeliveryPipeline):
         await self.shutdown()
 
     def statistics(self) -> HostStatistics:
+        """A snapshot of this host's counters since it started."""
+        delivered = self._delivery.counters
         return HostStatistics(
             host=self.name,
             active_agents=len(self._entries),
+            turns=delivered.turns,
+            handler_errors=delivered.handler_errors,
+            duplicates=delivered.duplicates,
+            dead_letters=delivered.dead_letters,
+            parked=delivered.parked,
             checkpoints=self._committer.checkpoints,
             commit_batches=self._committer.batches,
             draining=self.draining,
             **self._counters,
         )
+
+    # -- delivery (the message path is Delivery's; these keep the runtime's API) ------
+
+    async def deliver(
+        self,
+        identity: str,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        sender: str | None = None,
+        idempotency_key: str | None = None,
+        deadline: float | None = None,
+        conversation: str | None = None,
+        fence: int | None = None,
+    ) -> TurnResult:
+        """Build an :class:`Envelope` and deliver it; see :meth:`Delivery.deliver_envelope`."""
+        return await self._delivery.deliver(
+            identity, method, args, kwargs, sender=sender, idempotency_key=idempotency_key, deadline=deadline,
+            conversation=conversation, fence=fence,
+        )
+
+    async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
+        """Run one message through the gates and its handler; see :meth:`Delivery.deliver_envelope`."""
+        return await self._delivery.deliver_envelope(envelope)
+
+    async def pause(self, identity: str) -> bool:
+        """Park every later message of ``identity`` durably until :meth:`resume`; see :meth:`Delivery.pause`."""
+        return await self._delivery.pause(identity)
+
+    async def resume(self, identity: str) -> int:
+        """Replay parked messages oldest first, then accept new work; see :meth:`Delivery.resume`."""
+        return await self._delivery.resume(identity)
+
+    async def cancel_parked(self, identity: str) -> int:
+        """Dead-letter every parked message of ``identity``; see :meth:`Delivery.cancel_parked`."""
+        return await self._delivery.cancel_parked(identity)
 
     def active_identities(self) -> list[str]:
         return sorted(self._entries)
@@ -328,27 +451,40 @@ class HostRuntime(DeliveryPipeline):
         future: asyncio.Future[Activation | LeaseDenied | RayfleetError] = asyncio.get_running_loop().create_future()
         self._acquire_queue.setdefault(identity, []).append(future)
         if self._acquire_flush is None or self._acquire_flush.done():
-            self._acquire_flush = asyncio.get_running_loop().create_task(self._flush_acquires())
+            self._acquire_flush = self._spawn(self._flush_acquires(), name=f"{self.name}-acquire")
         return await future
 
     async def _flush_acquires(self) -> None:
         # Loops until the queue is empty: activations that arrive while a batch is in
         # flight go out in the next batch instead of waiting for a flush nobody schedules.
-        while self._acquire_queue:
-            await asyncio.sleep(0)
-            queue, self._acquire_queue = self._acquire_queue, {}
-            try:
-                results = await self._ledger.acquire(holder=self.holder, identities=list(queue), ttl=self.lease_ttl)
-            except Exception as error:
-                for futures in queue.values():
+        queue: dict[str, list[asyncio.Future[Activation | LeaseDenied | RayfleetError]]] = {}
+        try:
+            while self._acquire_queue:
+                await asyncio.sleep(0)
+                queue, self._acquire_queue = self._acquire_queue, {}
+                try:
+                    results = await self._ledger.acquire(
+                        holder=self.holder, identities=list(queue), ttl=self.lease_ttl
+                    )
+                except Exception as error:  # noqa: BLE001 - whatever the ledger raised, every waiter gets it
+                    for futures in queue.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(error)
+                    continue
+                for identity, futures in queue.items():
                     for future in futures:
                         if not future.done():
-                            future.set_exception(error)
-                continue
-            for identity, futures in queue.items():
+                            future.set_result(results[identity])
+        except asyncio.CancelledError:
+            # Shutdown: no activation may wait forever, so each goes to another host. A lease
+            # the ledger granted for a batch cut short here lapses by its TTL.
+            pending, self._acquire_queue = [*queue.items(), *self._acquire_queue.items()], {}
+            for identity, futures in pending:
                 for future in futures:
                     if not future.done():
-                        future.set_result(results[identity])
+                        future.set_exception(HostDraining(identity))
+            raise
 
     async def _materialize(self, activation: Activation) -> HostedAgent:
         """Build the agent from an acquired lease; on any failure the lease is released."""
@@ -399,7 +535,7 @@ class HostRuntime(DeliveryPipeline):
             agent._rf_context = _AgentContext(self, entry)
             try:
                 await agent.on_activate()
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - user code may raise anything; it becomes a HandlerError
                 raise HandlerError(
                     identity=identity, method="on_activate",
                     remote_type=f"{type(error).__module__}.{type(error).__qualname__}",
@@ -418,7 +554,7 @@ class HostRuntime(DeliveryPipeline):
         if spec is None:
             try:
                 spec = cloudpickle.loads(view.spec)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - unpickling a class can raise anything; it is a spec problem
                 raise InvalidSpecError(
                     f"host {self.name} cannot load the agent class {view.agent_class!r} of {view.identity!r}: "
                     f"{type(error).__name__}: {error}. Install its package on every node, or ship it with "
@@ -486,7 +622,7 @@ class HostRuntime(DeliveryPipeline):
     async def _release(self, tokens: dict[str, int]) -> None:
         try:
             await self._ledger.release(holder=self.holder, tokens=tokens)
-        except Exception as error:  # the lease then lapses by TTL; nothing is unsafe
+        except Exception as error:  # noqa: BLE001 - the lease then lapses by TTL; nothing is unsafe
             log.warning("releasing leases %s failed: %s", sorted(tokens), error)
 
     # -- lifecycle operations (fence before effect) ---------------------------------
@@ -599,7 +735,7 @@ class HostRuntime(DeliveryPipeline):
             try:
                 await self.renew_once()
                 self._renewal_failures = 0
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
                 self._renewal_failures += 1
                 log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
                         "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
@@ -619,7 +755,7 @@ class HostRuntime(DeliveryPipeline):
                 )
                 idle = now - entry.last_used >= self.idle_timeout
                 if due or idle:
-                    asyncio.get_running_loop().create_task(self._housekeep(entry, idle=idle))
+                    self._spawn(self._housekeep(entry, idle=idle), name=f"{self.name}-housekeep")
 
     async def _housekeep(self, entry: HostedAgent, *, idle: bool) -> None:
         try:

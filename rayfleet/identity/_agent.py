@@ -181,12 +181,19 @@ def _resolved_hints(function: Callable[..., Any]) -> dict[str, Any]:
 
 
 class AgentContext(Protocol):
-    """What the hosting runtime gives an agent: its identity, lease and the fleet."""
+    """What the hosting runtime gives an agent: its identity, lease and the fleet (read-only)."""
 
-    identity: str
-    spec: AgentSpec
-    generation: int
-    fence: int
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def spec(self) -> AgentSpec: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def fence(self) -> int: ...
 
     @property
     def peers(self) -> tuple[str, ...]: ...

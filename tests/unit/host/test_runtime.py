@@ -10,6 +10,7 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._hosted import HostDraining
 from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
@@ -257,3 +258,52 @@ async def test_internal_only_agents_refuse_outside_callers(ledger: Ledger, tmp_p
         with pytest.raises(rf.NotAddressableError, match="INTERNAL_ONLY"):
             await host.deliver("c/inner", "add", (), {"n": 1})
         assert (await host.deliver("c/inner", "add", (), {"n": 1}, sender="c/peer")).value == 1
+
+
+class SlowCommitLedgerClient(LocalLedgerClient):
+    """A real ledger whose checkpoint commits take a while, so one is in flight at shutdown."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.committing = asyncio.Event()
+
+    async def commit_checkpoints(self, commits: list) -> list:  # type: ignore[override]
+        self.committing.set()
+        await asyncio.sleep(0.5)
+        return await super().commit_checkpoints(commits)
+
+
+async def test_shutdown_leaves_no_background_task_running(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1", durability=rf.Durability.PERIODIC, checkpoint_interval=0.01)
+    client = SlowCommitLedgerClient(ledger)
+    host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
+    await host.start()
+    await host.deliver("c/1", "add", (), {"n": 1})
+    await client.committing.wait()  # housekeeping is checkpointing in a task of its own
+    await host.shutdown(checkpoint=False)
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+class StuckLedgerClient(LocalLedgerClient):
+    """A ledger whose acquire never answers, as if the ledger actor were unreachable."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.acquiring = asyncio.Event()
+
+    async def acquire(self, **kwargs: object) -> dict:  # type: ignore[override]
+        self.acquiring.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_an_activation_waiting_at_shutdown_is_sent_elsewhere(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    client = StuckLedgerClient(ledger)
+    host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
+    await host.start()
+    call = asyncio.create_task(host.deliver("c/1", "add", (), {"n": 1}))
+    await client.acquiring.wait()
+    await host.shutdown()
+    with pytest.raises(HostDraining):
+        await asyncio.wait_for(call, timeout=5)
