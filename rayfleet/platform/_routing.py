@@ -20,6 +20,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from ..errors import FleetUnavailableError, InvalidArgumentsError
+from ..retry import RetryPolicy
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -257,8 +258,13 @@ def _submit(handle: ray.actor.ActorHandle, method: str, identity: str, args: tup
         ) from None
 
 
+ROUTING_RETRY = RetryPolicy(max_attempts=MAX_HOPS, base_delay=0.05, max_delay=1.0, jitter=0.0)
+"""Waits before re-reading the host directory on a routing retry; hops are counted by ``CallPlan``."""
+
+
 def _backoff(hops: int) -> float:
-    return min(0.05 * 2 ** max(hops - 2, 0), 1.0) if hops > 1 else 0.0
+    # No wait before the first re-read of the directory (hop 1); then 0.05 s, doubling up to 1 s.
+    return ROUTING_RETRY.delay_for(hops - 2) if hops > 1 else 0.0
 
 
 def _pause(hops: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import logging
 import time
 import uuid
@@ -25,12 +26,13 @@ import ray
 from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
-    InvalidSpecError,
     RayfleetError,
+    UnknownRunError,
 )
 from ..host._messages import Envelope
 from ..identity._agent import Usage
 from ..identity._values import PERSISTED_LIVE
+from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
@@ -252,7 +254,10 @@ class RunInfo:
 
 
 class RunsClient:
-    """The run registry (``fleet.runs``): status, wait, cancel, pause and resume."""
+    """The run registry (``fleet.runs``): status, wait, cancel, pause and resume.
+
+    Every method taking a ``run_id`` raises :class:`UnknownRunError` when no run has it.
+    """
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
@@ -260,7 +265,7 @@ class RunsClient:
     def get(self, run_id: str) -> RunInfo:
         info = self._fleet._ledger.call("run_info", run_id=run_id)
         if info is None:
-            raise InvalidSpecError(f"there is no run {run_id!r}; list runs with fleet.runs.list()", subject="run_id")
+            raise UnknownRunError(run_id=run_id)
         return _info(info)
 
     def list(self, status: RunStatus | str | None = None) -> list[RunInfo]:
@@ -277,7 +282,7 @@ class RunsClient:
         while True:
             info = self._fleet._ledger.call("run_info", run_id=run_id)
             if info is None:
-                raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
+                raise UnknownRunError(run_id=run_id)
             if info["status"] not in UNFINISHED and info["outcome"] is not None:
                 return cloudpickle.loads(info["outcome"])
             if deadline is not None and time.monotonic() > deadline:
@@ -309,7 +314,7 @@ class RunsClient:
 
     def _request(self, run_id: str, **flags: bool) -> None:
         if not self._fleet._ledger.call("request_run", run_id=run_id, **flags):
-            raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
+            raise UnknownRunError(run_id=run_id)
 
 
 def _info(info: Mapping[str, Any]) -> RunInfo:
@@ -321,6 +326,10 @@ def _info(info: Mapping[str, Any]) -> RunInfo:
     )
 
 
+RUNNER_START_RETRY = RetryPolicy(base_delay=0.05, max_delay=1.0, jitter=0.0)
+"""Waits while the runner actor restarts; attempts are bounded by ``patience``, not ``max_attempts``."""
+
+
 def start_on_runner(fleet: Fleet, run_id: str, *, patience: float = 60.0) -> None:
     """Hand a run to the runner actor, waiting out a runner that is restarting.
 
@@ -328,16 +337,14 @@ def start_on_runner(fleet: Fleet, run_id: str, *, patience: float = 60.0) -> Non
         FleetUnavailableError: the runner did not come back within ``patience`` seconds.
     """
     deadline = time.monotonic() + patience
-    delay = 0.05
-    while True:
+    for attempt in itertools.count():
         try:
             ray.get(fleet._runner().start.remote(run_id))
             return
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError) as error:
             if time.monotonic() > deadline:
                 raise FleetUnavailableError(detail=f"the workflow runner did not come back: {error}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            time.sleep(RUNNER_START_RETRY.delay_for(attempt))
 
 
 def new_run_id(workflow: Workflow) -> str:

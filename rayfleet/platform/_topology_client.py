@@ -19,14 +19,17 @@ import ray
 from ..identity._names import validate_identity
 from ..identity._spec import AgentSpec
 from ..identity._values import PERSISTED_LIVE, LifecycleState
+from ..retry import RetryPolicy
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..topology import Edge, ReconcileReport, export_topology, plan_reconcile
-from ..topology._reconcile import backoff_delays
 
 if TYPE_CHECKING:
     from ._fleet import Fleet
 
 HOST_NOTIFY_CONCURRENCY = 64
+NOTIFY_RETRY = RetryPolicy(max_attempts=4, base_delay=0.05, max_delay=2.0, jitter=0.0)
+"""Rounds of telling hosts to reload peers: fast first retries for transient hiccups, bounded so a
+reconcile never stalls long on one bad host. No jitter: reconciles never overlap, so nothing to spread."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +104,7 @@ class TopologyClient:
         courier.refresh_sync()
         pending = [name for name in courier.directory.names if name not in courier.directory.dead]
         failures: dict[str, str] = {}
-        for delay in [0.0, *backoff_delays(3)]:
+        for delay in [0.0, *NOTIFY_RETRY.delays()]:
             if not pending:
                 break
             time.sleep(delay)
