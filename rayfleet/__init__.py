@@ -9,13 +9,22 @@ from __future__ import annotations
 
 from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
+from .errors import DeliveryError as DeliveryError
 from .errors import FleetUnavailableError as FleetUnavailableError
 from .errors import HandlerError as HandlerError
+from .errors import IdentityError as IdentityError
+from .errors import InternalError as InternalError
 from .errors import InvalidArgumentsError as InvalidArgumentsError
 from .errors import InvalidSpecError as InvalidSpecError
 from .errors import InvalidStateError as InvalidStateError
 from .errors import LeaseLostError as LeaseLostError
+from .errors import ModelError as ModelError
+from .errors import ModelRequestError as ModelRequestError
+from .errors import ModelResponseError as ModelResponseError
+from .errors import ModelTimeoutError as ModelTimeoutError
+from .errors import ModelUnavailableError as ModelUnavailableError
 from .errors import NotAddressableError as NotAddressableError
+from .errors import NotInAgentContextError as NotInAgentContextError
 from .errors import NotWiredError as NotWiredError
 from .errors import RayfleetError as RayfleetError
 from .errors import Retryable as Retryable
@@ -24,15 +33,18 @@ from .errors import SnapshotError as SnapshotError
 from .errors import StaleCheckpointVersionError as StaleCheckpointVersionError
 from .errors import StaleFencingTokenError as StaleFencingTokenError
 from .errors import StepFailedError as StepFailedError
+from .errors import UnknownDeadLetterError as UnknownDeadLetterError
 from .errors import UnknownHandlerError as UnknownHandlerError
 from .errors import UnknownIdentityError as UnknownIdentityError
+from .errors import UnknownRunError as UnknownRunError
+from .errors import UsageError as UsageError
+from .errors import WorkflowError as WorkflowError
 from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
 from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
 from .host._runtime import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
-from .identity._agent import NotInAgentContextError as NotInAgentContextError
 from .identity._agent import Reply as Reply
 from .identity._agent import State as State
 from .identity._agent import Usage as Usage
@@ -136,12 +148,20 @@ __all__ = [
     # Errors
     "BudgetExceededError",
     "DeadlineExceededError",
+    "DeliveryError",
     "FleetUnavailableError",
     "HandlerError",
+    "IdentityError",
+    "InternalError",
     "InvalidArgumentsError",
     "InvalidSpecError",
     "InvalidStateError",
     "LeaseLostError",
+    "ModelError",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelTimeoutError",
+    "ModelUnavailableError",
     "NotAddressableError",
     "NotInAgentContextError",
     "NotWiredError",
@@ -151,6 +171,10 @@ __all__ = [
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StepFailedError",
+    "UnknownDeadLetterError",
     "UnknownHandlerError",
     "UnknownIdentityError",
+    "UnknownRunError",
+    "UsageError",
+    "WorkflowError",
 ]

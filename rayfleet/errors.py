@@ -1,29 +1,46 @@
 """The one error tree of rayfleet.
 
-Every error rayfleet raises derives from :class:`RayfleetError`::
+Every error rayfleet raises derives from :class:`RayfleetError`, grouped by the
+subsystem that failed, so ``except rf.DeliveryError`` or ``except rf.ModelError``
+catches one kind of failure without naming every leaf::
 
     RayfleetError
-    ├── InvalidSpecError (also ValueError)        bad identity, spec, class, option or roster
-    ├── InvalidArgumentsError (also TypeError)    handler arguments that do not fit the handler
-    ├── UnknownIdentityError (also KeyError)      no agent of that name exists
-    ├── UnknownHandlerError (also AttributeError) the agent class has no such handler
-    ├── NotAddressableError                       an INTERNAL_ONLY agent called from outside
-    ├── InvalidStateError                         the lifecycle state forbids the operation
-    ├── LeaseLostError                            this host no longer owns the identity
-    ├── StaleFencingTokenError                    a write presented a superseded token
-    ├── StaleCheckpointVersionError               a checkpoint version did not increase
-    ├── SnapshotError                             a checkpoint file is missing or corrupt
-    ├── NotWiredError                             a send to a peer that is not wired
-    ├── DeadlineExceededError (also TimeoutError) a call did not finish in time
-    ├── BudgetExceededError                       a workflow spent more than its budget
-    ├── StepFailedError                           a workflow step failed
-    ├── RunCancelledError                         a workflow run was cancelled
-    ├── HandlerError                              the user's handler raised
-    └── FleetUnavailableError                     no host could serve the request
+    ├── UsageError (also RuntimeError)                the API was used in a way it does not support
+    │   └── NotInAgentContextError                    a hosted-only agent attribute used outside a host
+    ├── InvalidSpecError (also ValueError)            a bad spec, identity or option (field names which)
+    ├── IdentityError                                 an agent's identity, lease or checkpoint
+    │   ├── UnknownIdentityError (also KeyError)      no agent of that name exists
+    │   ├── InvalidStateError                         the lifecycle state forbids the operation
+    │   ├── LeaseLostError                            this host no longer owns the identity
+    │   ├── StaleFencingTokenError                    a write presented a superseded token
+    │   ├── StaleCheckpointVersionError               a checkpoint version did not increase
+    │   └── SnapshotError                             a checkpoint file is missing or corrupt
+    ├── DeliveryError                                 a message to an agent
+    │   ├── NotAddressableError                       an INTERNAL_ONLY agent called from outside
+    │   ├── NotWiredError                             a send to a peer that is not wired
+    │   ├── UnknownHandlerError (also AttributeError) the agent class has no such handler
+    │   ├── InvalidArgumentsError (also TypeError)    handler arguments that do not fit the handler
+    │   ├── HandlerError                              the user's handler raised
+    │   ├── DeadlineExceededError (also TimeoutError) a call did not finish in time
+    │   ├── UnknownDeadLetterError (also KeyError)    no dead letter has that id
+    │   └── Retryable                                 raised by a handler: retry this turn with backoff
+    ├── WorkflowError                                 a workflow run
+    │   ├── StepFailedError                           a workflow step failed
+    │   ├── BudgetExceededError                       a workflow spent more than its budget
+    │   ├── RunCancelledError                         a workflow run was cancelled
+    │   └── UnknownRunError (also KeyError)           no run has that id
+    ├── ModelError                                    a chat model server (url names which)
+    │   ├── ModelRequestError                         the server refused the request (HTTP 4xx)
+    │   ├── ModelResponseError (also ValueError)      the server answered something malformed
+    │   ├── ModelTimeoutError (also TimeoutError)     one request took longer than the client's timeout
+    │   └── ModelUnavailableError                     429, 5xx or connection failures outlasted the retries
+    ├── FleetUnavailableError                         no host could serve the request
+    └── InternalError                                 a rayfleet bug: an invariant did not hold
 
 Ray pickles exceptions that cross actor boundaries, so every error here carries
 its typed attributes through ``__reduce__`` and round-trips through pickle.
-Every message says what was wrong and what to do about it.
+Every message says what was wrong and what to do about it, and ``str(error)`` is
+that message, also for the errors that are a ``KeyError`` too.
 """
 
 from __future__ import annotations
@@ -33,22 +50,37 @@ from typing import Any
 __all__ = [
     "BudgetExceededError",
     "DeadlineExceededError",
+    "DeliveryError",
     "FleetUnavailableError",
     "HandlerError",
+    "IdentityError",
+    "InternalError",
     "InvalidArgumentsError",
     "InvalidSpecError",
     "InvalidStateError",
     "LeaseLostError",
+    "ModelError",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelTimeoutError",
+    "ModelUnavailableError",
     "NotAddressableError",
+    "NotInAgentContextError",
     "NotWiredError",
     "RayfleetError",
+    "Retryable",
     "RunCancelledError",
     "SnapshotError",
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StepFailedError",
+    "UnknownDeadLetterError",
     "UnknownHandlerError",
     "UnknownIdentityError",
+    "UnknownRunError",
+    "UsageError",
+    "WorkflowError",
+    "is_retryable",
 ]
 
 
@@ -57,7 +89,12 @@ class RayfleetError(Exception):
 
     Subclasses take keyword-only, typed attributes and build their message from
     them; ``__reduce__`` replays those keywords so the error survives pickling.
+
+    Attributes:
+        message: what was wrong and what to do about it; ``str(error)`` returns it.
     """
+
+    message: str
 
     def __init__(self, message: str, **attributes: Any) -> None:
         super().__init__(message)
@@ -70,6 +107,7 @@ class RayfleetError(Exception):
         return (_rebuild_error, (type(self), self.message, self._attributes))
 
     def __str__(self) -> str:
+        # Defined here so it precedes KeyError.__str__, which would quote the message, in every leaf's MRO.
         return self.message
 
     @property
@@ -79,35 +117,77 @@ class RayfleetError(Exception):
 
 
 def _rebuild_error(cls: type[RayfleetError], message: str, attributes: dict[str, Any]) -> RayfleetError:
+    # Leaf constructors differ in signature; restoring the message and fields directly works for every leaf.
     error = cls.__new__(cls)
     RayfleetError.__init__(error, message, **attributes)
     return error
+
+
+# --------------------------------------------------------------------------- misuse of the API
+
+
+class UsageError(RayfleetError, RuntimeError):
+    """The API was used in a way it does not support; the message names the supported way.
+
+    Attributes:
+        api: the function or attribute that was misused, e.g. ``"fleet.run()"``.
+    """
+
+    api: str
+
+    def __init__(self, message: str, *, api: str) -> None:
+        super().__init__(message, api=api)
+
+
+class NotInAgentContextError(UsageError):
+    """An agent attribute that only a hosted agent has was used outside a host.
+
+    Attributes:
+        attribute: the attribute that was read, e.g. ``"identity"``.
+    """
+
+    def __init__(self, *, attribute: str) -> None:
+        super().__init__(
+            f"self.{attribute} is only available while the agent is hosted by a fleet. "
+            f"Spawn the agent with fleet.spawn() and call it through a ref.",
+            api=f"self.{attribute}",
+        )
+
+    @property
+    def attribute(self) -> str:
+        return self.api.removeprefix("self.")
 
 
 class InvalidSpecError(RayfleetError, ValueError):
     """An identity, spec, agent class, option or roster is not valid.
 
     Raised when the bad value is given, before anything is written.
+
+    Attributes:
+        field: the spec field, option or argument that is wrong, e.g. ``"identity"``
+            or ``"timeout"`` (a workflow step's label for a bad step).
     """
 
-    def __init__(self, message: str, *, subject: str = "") -> None:
-        super().__init__(message, subject=subject)
+    field: str
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message, field=field)
 
 
-class InvalidArgumentsError(RayfleetError, TypeError):
-    """Arguments given to a handler do not fit its signature or types."""
-
-    def __init__(self, *, identity: str, method: str, detail: str) -> None:
-        super().__init__(
-            f"arguments for {method!r} on {identity!r} are not valid: {detail}. "
-            f"Pass keyword arguments matching the handler's signature.",
-            identity=identity,
-            method=method,
-            detail=detail,
-        )
+# --------------------------------------------------------------------------- identities, leases, checkpoints
 
 
-class UnknownIdentityError(RayfleetError, KeyError):
+class IdentityError(RayfleetError):
+    """An agent identity's record, lease or checkpoint did not allow the operation.
+
+    Attributes:
+        identity: the agent concerned.
+    """
+
+    identity: str
+
+
+class UnknownIdentityError(IdentityError, KeyError):
     """No agent with this identity exists (never spawned, or deleted)."""
 
     def __init__(self, *, identity: str) -> None:
@@ -117,37 +197,19 @@ class UnknownIdentityError(RayfleetError, KeyError):
             identity=identity,
         )
 
-    def __str__(self) -> str:  # KeyError would otherwise quote the message
-        return self.message
 
+class InvalidStateError(IdentityError):
+    """The identity's lifecycle state does not allow the operation.
 
-class UnknownHandlerError(RayfleetError, AttributeError):
-    """The agent class has no handler of that name."""
+    Attributes:
+        state: the lifecycle state the identity is in.
+        operation: what was attempted, e.g. ``"call"``.
+        hint: the fix given in place of the usual one for ``state``, if any.
+    """
 
-    def __init__(self, *, identity: str, method: str, available: tuple[str, ...]) -> None:
-        listing = ", ".join(available) or "none"
-        super().__init__(
-            f"agent {identity!r} has no handler {method!r} (handlers: {listing}). "
-            f"Decorate the method with @rf.handler or call one of the listed names.",
-            identity=identity,
-            method=method,
-            available=available,
-        )
-
-
-class NotAddressableError(RayfleetError):
-    """An ``INTERNAL_ONLY`` agent was called from outside the fleet."""
-
-    def __init__(self, *, identity: str) -> None:
-        super().__init__(
-            f"agent {identity!r} is INTERNAL_ONLY and refuses messages from outside the fleet. "
-            f"Reach it from a peer agent or a workflow, or respawn it as ADDRESSABLE.",
-            identity=identity,
-        )
-
-
-class InvalidStateError(RayfleetError):
-    """The identity's lifecycle state does not allow the operation."""
+    state: str
+    operation: str
+    hint: str
 
     def __init__(self, *, identity: str, state: str, operation: str, hint: str = "") -> None:
         fix = hint or _STATE_HINTS.get(state, "Check fleet.status() and retry when the agent is ACTIVE or DORMANT.")
@@ -168,8 +230,14 @@ _STATE_HINTS = {
 }
 
 
-class LeaseLostError(RayfleetError):
-    """This host no longer owns the identity; another owner may have taken over."""
+class LeaseLostError(IdentityError):
+    """This host no longer owns the identity; another owner may have taken over.
+
+    Attributes:
+        detail: what showed the lease was gone, if known.
+    """
+
+    detail: str
 
     def __init__(self, *, identity: str, detail: str = "") -> None:
         extra = f" ({detail})" if detail else ""
@@ -181,8 +249,16 @@ class LeaseLostError(RayfleetError):
         )
 
 
-class StaleFencingTokenError(RayfleetError):
-    """A write presented a fencing token lower than the ledger's high-water mark."""
+class StaleFencingTokenError(IdentityError):
+    """A write presented a fencing token lower than the ledger's high-water mark.
+
+    Attributes:
+        presented: the token the write carried.
+        current: the ledger's high-water token for the identity.
+    """
+
+    presented: int
+    current: int
 
     def __init__(self, *, identity: str, presented: int, current: int) -> None:
         super().__init__(
@@ -194,8 +270,16 @@ class StaleFencingTokenError(RayfleetError):
         )
 
 
-class StaleCheckpointVersionError(RayfleetError):
-    """A checkpoint did not advance the identity's checkpoint version."""
+class StaleCheckpointVersionError(IdentityError):
+    """A checkpoint did not advance the identity's checkpoint version.
+
+    Attributes:
+        presented: the version the checkpoint carried.
+        current: the committed version.
+    """
+
+    presented: int
+    current: int
 
     def __init__(self, *, identity: str, presented: int, current: int) -> None:
         super().__init__(
@@ -207,8 +291,16 @@ class StaleCheckpointVersionError(RayfleetError):
         )
 
 
-class SnapshotError(RayfleetError):
-    """A checkpoint file is missing, corrupt, or does not fit the agent's State."""
+class SnapshotError(IdentityError):
+    """A checkpoint file is missing, corrupt, or does not fit the agent's State.
+
+    Attributes:
+        location: where the snapshot was looked for.
+        detail: what is wrong with it.
+    """
+
+    location: str
+    detail: str
 
     def __init__(self, *, identity: str, location: str, detail: str) -> None:
         super().__init__(
@@ -221,8 +313,40 @@ class SnapshotError(RayfleetError):
         )
 
 
-class NotWiredError(RayfleetError):
-    """A send to an identity that is not a wired peer under enforced topology."""
+# --------------------------------------------------------------------------- delivering messages
+
+
+class DeliveryError(RayfleetError):
+    """A message could not be delivered to an agent, or its handler failed."""
+
+
+class NotAddressableError(DeliveryError):
+    """An ``INTERNAL_ONLY`` agent was called from outside the fleet.
+
+    Attributes:
+        identity: the agent that refused the message.
+    """
+
+    identity: str
+
+    def __init__(self, *, identity: str) -> None:
+        super().__init__(
+            f"agent {identity!r} is INTERNAL_ONLY and refuses messages from outside the fleet. "
+            f"Reach it from a peer agent or a workflow, or respawn it as ADDRESSABLE.",
+            identity=identity,
+        )
+
+
+class NotWiredError(DeliveryError):
+    """A send to an identity that is not a wired peer under enforced topology.
+
+    Attributes:
+        sender: the agent that sent.
+        target: the agent it is not wired to.
+    """
+
+    sender: str
+    target: str
 
     def __init__(self, *, sender: str, target: str) -> None:
         super().__init__(
@@ -233,8 +357,104 @@ class NotWiredError(RayfleetError):
         )
 
 
-class DeadlineExceededError(RayfleetError, TimeoutError):
-    """A call did not complete before its timeout or deadline."""
+class UnknownHandlerError(DeliveryError, AttributeError):
+    """The agent class has no handler of that name.
+
+    Attributes:
+        identity: the agent called.
+        method: the handler name asked for.
+        available: the handlers the agent class has.
+    """
+
+    identity: str
+    method: str
+    available: tuple[str, ...]
+
+    def __init__(self, *, identity: str, method: str, available: tuple[str, ...]) -> None:
+        listing = ", ".join(available) or "none"
+        super().__init__(
+            f"agent {identity!r} has no handler {method!r} (handlers: {listing}). "
+            f"Decorate the method with @rf.handler or call one of the listed names.",
+            identity=identity,
+            method=method,
+            available=available,
+        )
+
+
+class InvalidArgumentsError(DeliveryError, TypeError):
+    """Arguments given to a handler do not fit its signature or types.
+
+    Attributes:
+        identity: the agent called.
+        method: the handler called.
+        detail: which arguments are wrong and how.
+    """
+
+    identity: str
+    method: str
+    detail: str
+
+    def __init__(self, *, identity: str, method: str, detail: str) -> None:
+        super().__init__(
+            f"arguments for {method!r} on {identity!r} are not valid: {detail}. "
+            f"Pass keyword arguments matching the handler's signature.",
+            identity=identity,
+            method=method,
+            detail=detail,
+        )
+
+
+class HandlerError(DeliveryError):
+    """The user's handler raised; carries the remote type, message and traceback.
+
+    Attributes:
+        identity: the agent whose handler raised.
+        method: the handler that raised.
+        remote_type: the raised exception's ``module.QualifiedName``.
+        remote_message: ``str()`` of the raised exception.
+        remote_traceback: the formatted traceback, from the host.
+    """
+
+    identity: str
+    method: str
+    remote_type: str
+    remote_message: str
+    remote_traceback: str
+
+    def __init__(
+        self, *, identity: str, method: str, remote_type: str, remote_message: str, remote_traceback: str
+    ) -> None:
+        super().__init__(
+            f"handler {method!r} of {identity!r} raised {remote_type}: {remote_message}",
+            identity=identity,
+            method=method,
+            remote_type=remote_type,
+            remote_message=remote_message,
+            remote_traceback=remote_traceback,
+        )
+
+    @property
+    def raised_retryable(self) -> bool:
+        """Whether the handler raised :class:`Retryable`: ``remote_type``'s name ends in ``Retryable``.
+
+        Only the type's name crosses the actor boundary, so a subclass of ``Retryable``
+        with a name not ending in ``Retryable`` does not count.
+        """
+        return self.remote_type.endswith("Retryable")
+
+
+class DeadlineExceededError(DeliveryError, TimeoutError):
+    """A call did not complete before its timeout or deadline.
+
+    Attributes:
+        identity: the agent called (a run id for ``fleet.runs.wait``).
+        method: the handler called (``"wait"`` for ``fleet.runs.wait``).
+        timeout: the seconds allowed.
+    """
+
+    identity: str
+    method: str
+    timeout: float
 
     def __init__(self, *, identity: str, method: str, timeout: float) -> None:
         super().__init__(
@@ -246,8 +466,71 @@ class DeadlineExceededError(RayfleetError, TimeoutError):
         )
 
 
-class BudgetExceededError(RayfleetError):
-    """A workflow run spent more than one of its budgets."""
+class UnknownDeadLetterError(DeliveryError, KeyError):
+    """No dead letter has this id: it was never recorded, or was replayed or purged.
+
+    Attributes:
+        letter_id: the id asked for.
+    """
+
+    letter_id: int
+
+    def __init__(self, *, letter_id: int) -> None:
+        super().__init__(
+            f"there is no dead letter {letter_id}; list them with fleet.dead_letters()",
+            letter_id=letter_id,
+        )
+
+
+class Retryable(DeliveryError):
+    """Raise from a handler to ask for the turn to be retried with backoff.
+
+    Timeouts and connection errors are retried too; every other exception is final and
+    dead-letters the message. See :func:`is_retryable`.
+    """
+
+    def __init__(self, message: str = "retryable failure") -> None:
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------- workflow runs
+
+
+class WorkflowError(RayfleetError):
+    """A workflow run failed, was stopped, or does not exist."""
+
+
+class StepFailedError(WorkflowError):
+    """A workflow step failed after its retries.
+
+    Attributes:
+        step: the step's label.
+        detail: why it failed.
+    """
+
+    step: str
+    detail: str
+
+    def __init__(self, *, step: str, detail: str) -> None:
+        super().__init__(
+            f"step {step!r} failed: {detail}",
+            step=step,
+            detail=detail,
+        )
+
+
+class BudgetExceededError(WorkflowError):
+    """A workflow run spent more than one of its budgets.
+
+    Attributes:
+        budget: which budget, e.g. ``"tokens"``.
+        ceiling: the budget's limit.
+        spent: what the run spent.
+    """
+
+    budget: str
+    ceiling: float
+    spent: float
 
     def __init__(self, *, budget: str, ceiling: float, spent: float) -> None:
         super().__init__(
@@ -259,40 +542,133 @@ class BudgetExceededError(RayfleetError):
         )
 
 
-class StepFailedError(RayfleetError):
-    """A workflow step failed after its retries."""
+class RunCancelledError(WorkflowError):
+    """A workflow run was cancelled.
 
-    def __init__(self, *, step: str, detail: str) -> None:
-        super().__init__(
-            f"step {step!r} failed: {detail}",
-            step=step,
-            detail=detail,
-        )
+    Attributes:
+        run_id: the run.
+    """
 
-
-class RunCancelledError(RayfleetError):
-    """A workflow run was cancelled."""
+    run_id: str
 
     def __init__(self, *, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled.", run_id=run_id)
 
 
-class HandlerError(RayfleetError):
-    """The user's handler raised; carries the remote type, message and traceback."""
+class UnknownRunError(WorkflowError, KeyError):
+    """No workflow run has this id.
 
-    def __init__(self, *, identity: str, method: str, remote_type: str, remote_message: str, remote_traceback: str) -> None:
+    Attributes:
+        run_id: the id asked for.
+    """
+
+    run_id: str
+
+    def __init__(self, *, run_id: str) -> None:
+        super().__init__(f"there is no run {run_id!r}; list runs with fleet.runs.list_runs()", run_id=run_id)
+
+
+# --------------------------------------------------------------------------- chat model servers
+
+
+class ModelError(RayfleetError):
+    """A chat model server failed, refused the request, or answered something unusable.
+
+    Attributes:
+        url: the endpoint the request went to.
+    """
+
+    url: str
+
+
+class ModelRequestError(ModelError):
+    """The server refused the request (an HTTP error other than 429 or 5xx); repeating it cannot help.
+
+    Attributes:
+        status: the HTTP status code.
+        body_excerpt: the start of the response body, whitespace collapsed.
+    """
+
+    status: int
+    body_excerpt: str
+
+    def __init__(self, *, url: str, status: int, body_excerpt: str) -> None:
         super().__init__(
-            f"handler {method!r} of {identity!r} raised {remote_type}: {remote_message}",
-            identity=identity,
-            method=method,
-            remote_type=remote_type,
-            remote_message=remote_message,
-            remote_traceback=remote_traceback,
+            f"chat completion at {url} failed with HTTP {status}: {body_excerpt!r}. "
+            f"Check the api key, model name and parameters.",
+            url=url,
+            status=status,
+            body_excerpt=body_excerpt,
         )
 
 
+class ModelResponseError(ModelError, ValueError):
+    """The server answered with a body that is not a chat completion.
+
+    Attributes:
+        detail: which part of the response is missing or malformed, with an excerpt.
+    """
+
+    detail: str
+
+    def __init__(self, *, url: str, detail: str) -> None:
+        super().__init__(
+            f"{detail} (from {url}). Check that the server speaks the OpenAI chat completions API.",
+            url=url,
+            detail=detail,
+        )
+
+
+class ModelTimeoutError(ModelError, TimeoutError):
+    """One request took longer than the client's timeout; it was not retried.
+
+    Attributes:
+        timeout: the seconds one request may take.
+    """
+
+    timeout: float
+
+    def __init__(self, *, url: str, timeout: float) -> None:
+        super().__init__(
+            f"chat completion at {url} did not finish within {timeout:g}s. Raise the client's timeout= "
+            f"or ask for fewer tokens; it was not retried because the server may still be generating it.",
+            url=url,
+            timeout=timeout,
+        )
+
+
+class ModelUnavailableError(ModelError):
+    """HTTP 429, 5xx or connection failures lasted through every retry.
+
+    Attributes:
+        attempts: requests sent, the first included.
+        last_failure: what the last attempt ran into.
+    """
+
+    attempts: int
+    last_failure: str
+
+    def __init__(self, *, url: str, attempts: int, last_failure: str) -> None:
+        super().__init__(
+            f"chat completion at {url} failed after {attempts} attempt(s); last: {last_failure}. "
+            f"Check that the server is up, or raise max_retries.",
+            url=url,
+            attempts=attempts,
+            last_failure=last_failure,
+        )
+
+
+# --------------------------------------------------------------------------- the fleet itself
+
+
 class FleetUnavailableError(RayfleetError):
-    """No live host could serve the request."""
+    """No live host could serve the request.
+
+    Attributes:
+        detail: what was tried and how it failed.
+    """
+
+    detail: str
 
     def __init__(self, *, detail: str) -> None:
         super().__init__(
@@ -302,17 +678,36 @@ class FleetUnavailableError(RayfleetError):
         )
 
 
-class Retryable(RayfleetError):
-    """Raise from a handler to ask for the turn to be retried with backoff.
+class InternalError(RayfleetError):
+    """An invariant of rayfleet itself did not hold: a bug, never a usage problem.
 
-    Timeouts and connection errors are retried too; every other exception is final and
-    dead-letters the message.
+    Attributes:
+        detail: the invariant that failed.
     """
 
-    def __init__(self, message: str = "retryable failure") -> None:
-        super().__init__(message)
+    detail: str
+
+    def __init__(self, *, detail: str) -> None:
+        super().__init__(
+            f"internal error: {detail}. This is a rayfleet bug; please report it with the host log.",
+            detail=detail,
+        )
 
 
-def is_retryable(error: BaseException) -> bool:
-    """Whether a handler error is worth another attempt."""
-    return isinstance(error, (Retryable, TimeoutError, ConnectionError))
+def is_retryable(error: BaseException, *, handler_failures: bool = False) -> bool:
+    """Whether a failed attempt is worth another.
+
+    :class:`Retryable`, any ``TimeoutError`` (so :class:`DeadlineExceededError` and
+    :class:`ModelTimeoutError` too) and any ``ConnectionError`` are; nothing else is.
+
+    Args:
+        error: what the attempt raised.
+        handler_failures: also count a :class:`HandlerError` whose handler raised
+            ``Retryable``. A caller that reaches handlers through the fleet (the
+            workflow engine) sees their failures only as ``HandlerError``. The host
+            leaves it off: a ``HandlerError`` a handler got from a peer has already
+            had that peer's own retries.
+    """
+    if isinstance(error, (Retryable, TimeoutError, ConnectionError)):
+        return True
+    return handler_failures and isinstance(error, HandlerError) and error.raised_retryable

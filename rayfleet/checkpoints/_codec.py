@@ -183,7 +183,7 @@ class StateCodec:
             InvalidSpecError: if ``state_class`` is not a pydantic model class.
         """
         if not (isinstance(state_class, type) and issubclass(state_class, pydantic.BaseModel)):
-            raise InvalidSpecError(f"a State must be a pydantic model class, got {state_class!r}", subject="state")
+            raise InvalidSpecError(f"a State must be a pydantic model class, got {state_class!r}", field="state")
         self.state_class = state_class
         self.class_path = f"{state_class.__module__}:{state_class.__qualname__}"
         self._mappings: dict[str, _Mapping] = {}
@@ -216,7 +216,7 @@ class StateCodec:
             InvalidSpecError: if a state is not an instance of this codec's class.
         """
         if any(type(state) is not self.state_class for state in states):
-            raise InvalidSpecError(f"every state must be a {self.class_path} instance", subject="state")
+            raise InvalidSpecError(f"every state must be a {self.class_path} instance", field="state")
         columns: dict[str, pa.Array] = {}
         pickled = set(self.pickled_fields)
         for name in self.schema.names:

@@ -69,7 +69,7 @@ class SnapshotStore:
             try:
                 self._fs, path = pafs.FileSystem.from_uri(root)
             except (pa.ArrowException, ValueError) as error:
-                raise InvalidSpecError(f"snapshot root {root!r} is not a usable URI: {error}", subject="root") from None
+                raise InvalidSpecError(f"snapshot root {root!r} is not a usable URI: {error}", field="root") from None
         else:
             self._fs, path = pafs.LocalFileSystem(), os.path.abspath(root)
         self._root = path.rstrip("/") or "/"
@@ -84,7 +84,7 @@ class SnapshotStore:
     def _full(self, relative: str) -> str:
         parts = relative.split("/")
         if relative.startswith("/") or ".." in parts or "" in parts:
-            raise InvalidSpecError(f"snapshot path {relative!r} must be relative to the store root", subject="path")
+            raise InvalidSpecError(f"snapshot path {relative!r} must be relative to the store root", field="path")
         return f"{self._root.rstrip('/')}/{relative}"
 
     def write_batch(self, *, group: str, writer: str, rows: list[SnapshotRow]) -> str:
@@ -100,14 +100,14 @@ class SnapshotStore:
             OSError: if the filesystem refuses the write.
         """
         if not rows:
-            raise InvalidSpecError("write_batch needs at least one row", subject="rows")
+            raise InvalidSpecError("write_batch needs at least one row", field="rows")
         state_class = type(rows[0].state)
         if any(type(row.state) is not state_class for row in rows):
-            raise InvalidSpecError("all rows of one batch must share one State class", subject="rows")
+            raise InvalidSpecError("all rows of one batch must share one State class", field="rows")
         for row in rows:
             if type(row.version) is not int or not -(2**63) <= row.version < 2**63 or type(row.extra) is not bytes:
                 detail = f"row {row.identity!r}: version must be an int64 int and extra bytes"
-                raise InvalidSpecError(detail, subject="rows")
+                raise InvalidSpecError(detail, field="rows")
         codec = StateCodec.for_class(state_class)
         columns, pickled = codec.to_columns([row.state for row in rows])
         head = {

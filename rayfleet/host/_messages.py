@@ -66,7 +66,7 @@ class Envelope:
     def __post_init__(self) -> None:
         problem = _envelope_problem(self)
         if problem:
-            raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", subject="envelope")
+            raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", field="envelope")
 
     def dedup_key(self) -> str | None:
         """``sender␟key``: one sender can neither suppress nor replay another's key."""

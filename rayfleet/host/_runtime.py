@@ -95,6 +95,7 @@ from ..identity._values import (
 )
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import Activation, IdentityView
+from ..retry import RetryPolicy
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
@@ -106,13 +107,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rayfleet.runtime")
 
-RENEWAL_BACKOFF_BASE = 1.0
+RENEWAL_RETRY = RetryPolicy(base_delay=1.0, max_delay=64.0, jitter=0.0)
+"""Waits after failed lease renewals, 1 s doubling up to 64 s; renewals never stop retrying."""
 RENEWAL_BACKOFF_CAP = 60.0
 
 
 def renewal_backoff(failures: int, cap: float = RENEWAL_BACKOFF_CAP) -> float:
     """Seconds to wait after ``failures`` consecutive failed renewals: 1 s x 2^n, n <= 6, capped."""
-    return min(RENEWAL_BACKOFF_BASE * 2 ** min(failures, 6), cap)
+    return min(RENEWAL_RETRY.delay_for(failures), cap)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -559,7 +561,7 @@ class HostRuntime:
                     f"host {self.name} cannot load the agent class {view.agent_class!r} of {view.identity!r}: "
                     f"{type(error).__name__}: {error}. Install its package on every node, or ship it with "
                     f"ray job submit --working-dir / a runtime_env",
-                    subject="agent",
+                    field="agent",
                 ) from None
             self._spec_cache[view.fingerprint] = spec
         return spec

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import pydantic
 
-from ..errors import InvalidArgumentsError, InvalidSpecError, RayfleetError
+from ..errors import InvalidArgumentsError, InvalidSpecError, NotInAgentContextError
 
 if TYPE_CHECKING:
     from ._spec import AgentSpec
@@ -104,11 +104,11 @@ def handler(function: HandlerFunction | None = None, *, thread: bool = False) ->
 
     def mark(target: HandlerFunction) -> HandlerFunction:
         if not inspect.isfunction(target):
-            raise InvalidSpecError(f"@rf.handler must decorate a function, got {target!r}", subject="handler")
+            raise InvalidSpecError(f"@rf.handler must decorate a function, got {target!r}", field="handler")
         if thread and inspect.iscoroutinefunction(target):
             raise InvalidSpecError(
                 f"handler {target.__qualname__} is async; thread=True is for blocking def handlers only",
-                subject="handler",
+                field="handler",
             )
         target.__rayfleet_handler__ = {"thread": thread}  # type: ignore[attr-defined]
         return target
@@ -133,7 +133,7 @@ def handler_name(method: str | Callable[..., Any]) -> str:
         return str(method.__name__)
     raise InvalidSpecError(
         f"method must be a handler name or a @rf.handler function (e.g. MyAgent.add), got {method!r}",
-        subject="method",
+        field="method",
     )
 
 
@@ -150,7 +150,7 @@ def _build_handler_info(name: str, function: Callable[..., Any], thread: bool) -
             raise InvalidSpecError(
                 f"handler {function.__qualname__} takes *{parameter.name}; handlers take named parameters "
                 f"(and optionally **kwargs) only",
-                subject="handler",
+                field="handler",
             )
         annotation = hints.get(parameter.name, Any)
         default = ... if parameter.default is parameter.empty else parameter.default
@@ -203,17 +203,6 @@ class AgentContext(Protocol):
     def checkpoint(self) -> Awaitable[int]: ...
 
 
-class NotInAgentContextError(RayfleetError, RuntimeError):
-    """An agent attribute that only a hosted agent has was used outside a host."""
-
-    def __init__(self, *, attribute: str) -> None:
-        super().__init__(
-            f"self.{attribute} is only available while the agent is hosted by a fleet. "
-            f"Spawn the agent with fleet.spawn() and call it through a ref.",
-            attribute=attribute,
-        )
-
-
 class Agent:
     """Base class of user agents.
 
@@ -235,7 +224,7 @@ class Agent:
         if not (isinstance(state_class, type) and issubclass(state_class, State)):
             raise InvalidSpecError(
                 f"{cls.__qualname__}.State must subclass rf.State (a pydantic model), got {state_class!r}",
-                subject="agent",
+                field="agent",
             )
         handlers = dict(getattr(cls, "__rayfleet_handlers__", {}))
         for name, member in cls.__dict__.items():
@@ -309,7 +298,7 @@ def resolve_agent_class(agent: object) -> type[Agent]:
         module_name, _, attribute = agent.partition(":")
         if not module_name or not attribute:
             raise InvalidSpecError(
-                f"agent class path {agent!r} must look like 'package.module:ClassName'", subject="agent"
+                f"agent class path {agent!r} must look like 'package.module:ClassName'", field="agent"
             )
         try:
             target: Any = importlib.import_module(module_name)
@@ -317,19 +306,19 @@ def resolve_agent_class(agent: object) -> type[Agent]:
             raise InvalidSpecError(
                 f"cannot import module {module_name!r} for agent class {agent!r}: {error}. "
                 f"Install the package or fix the path",
-                subject="agent",
+                field="agent",
             ) from error
         for part in attribute.split("."):
             if not hasattr(target, part):
                 raise InvalidSpecError(
-                    f"module {module_name!r} has no {attribute!r} (agent class {agent!r})", subject="agent"
+                    f"module {module_name!r} has no {attribute!r} (agent class {agent!r})", field="agent"
                 )
             target = getattr(target, part)
         agent = target
     if not (isinstance(agent, type) and issubclass(agent, Agent)) or agent is Agent:
         raise InvalidSpecError(
             f"{agent!r} is not an agent class: subclass rf.Agent and give it @rf.handler methods",
-            subject="agent",
+            field="agent",
         )
     try:
         agent.State()
@@ -337,7 +326,7 @@ def resolve_agent_class(agent: object) -> type[Agent]:
         raise InvalidSpecError(
             f"{agent.__qualname__}.State cannot be built from defaults ({error.error_count()} problem(s): "
             f"{error.errors()[0]['loc']} {error.errors()[0]['msg']}); give every State field a default",
-            subject="agent",
+            field="agent",
         ) from None
     return agent
 

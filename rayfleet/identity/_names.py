@@ -26,14 +26,14 @@ def validate_identity(identity: object) -> str:
     if not isinstance(identity, str):
         raise InvalidSpecError(
             f"identity must be a string such as 'orders/eu-1', got {type(identity).__name__}",
-            subject="identity",
+            field="identity",
         )
     problem = _identity_problem(identity)
     if problem:
         raise InvalidSpecError(
             f"invalid identity {identity[:60]!r}: {problem}. Use 1-{MAX_IDENTITY_LENGTH} characters of "
             f"letters, digits and . _ : / -, e.g. 'orders/eu-1'",
-            subject="identity",
+            field="identity",
         )
     return identity
 
@@ -69,6 +69,6 @@ def parse_runtime_id(runtime_id: str) -> tuple[str, int]:
     if prefix != "rt" or not identity or not generation.isdigit():
         raise InvalidSpecError(
             f"invalid runtime id {runtime_id!r}: expected the shape 'rt:{{identity}}:{{generation}}'",
-            subject="runtime_id",
+            field="runtime_id",
         )
     return validate_identity(identity), int(generation)

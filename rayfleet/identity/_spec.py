@@ -58,7 +58,7 @@ class AgentSpec:
             raise InvalidSpecError(
                 f"spec for {self.identity!r}: agent must be an rf.Agent subclass or a 'pkg.module:Class' path, "
                 f"got {self.agent!r}",
-                subject="agent",
+                field="agent",
             )
         else:
             resolve_agent_class(self.agent)
@@ -71,20 +71,20 @@ class AgentSpec:
             raise InvalidSpecError(
                 f"spec for {self.identity!r}: checkpoint_interval must be a positive number of seconds, "
                 f"got {self.checkpoint_interval!r}",
-                subject="checkpoint_interval",
+                field="checkpoint_interval",
             )
         if not isinstance(self.display_name, str):
-            raise InvalidSpecError(f"spec for {self.identity!r}: display_name must be a string", subject="display_name")
+            raise InvalidSpecError(f"spec for {self.identity!r}: display_name must be a string", field="display_name")
         if not isinstance(self.context, Mapping):
-            raise InvalidSpecError(f"spec for {self.identity!r}: context must be a mapping", subject="context")
+            raise InvalidSpecError(f"spec for {self.identity!r}: context must be a mapping", field="context")
         set_field(self, "context", dict(self.context))
         if not isinstance(self.retry, RetryPolicy):
             raise InvalidSpecError(f"spec for {self.identity!r}: retry must be an rf.RetryPolicy, got {self.retry!r}",
-                                   subject="retry")
+                                   field="retry")
         if not isinstance(self.dedup_capacity, int) or self.dedup_capacity < 1:
             raise InvalidSpecError(
                 f"spec for {self.identity!r}: dedup_capacity must be a positive integer, got {self.dedup_capacity!r}",
-                subject="dedup_capacity",
+                field="dedup_capacity",
             )
 
     @property
@@ -135,7 +135,7 @@ def _enum(kind: type[Any], value: object, name: str, identity: str) -> Any:
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
         raise InvalidSpecError(
-            f"spec for {identity!r}: {name} {value!r} is not one of {allowed}", subject=name
+            f"spec for {identity!r}: {name} {value!r} is not one of {allowed}", field=name
         ) from None
 
 
@@ -143,14 +143,14 @@ def _labels(labels: object, identity: str) -> dict[str, str]:
     if not isinstance(labels, Mapping):
         raise InvalidSpecError(
             f"spec for {identity!r}: labels must be a mapping such as {{'role': 'reviewer'}}, got {labels!r}",
-            subject="labels",
+            field="labels",
         )
     clean: dict[str, str] = {}
     for key, value in labels.items():
         if not isinstance(key, str) or not key or not isinstance(value, _LABEL_TEXT):
             raise InvalidSpecError(
                 f"spec for {identity!r}: label {key!r}={value!r} must map a non-empty string to a string",
-                subject="labels",
+                field="labels",
             )
         clean[key] = str(value)
     return clean
@@ -158,11 +158,11 @@ def _labels(labels: object, identity: str) -> dict[str, str]:
 
 def _peers(peers: object, identity: str) -> tuple[str, ...]:
     if isinstance(peers, str) or not isinstance(peers, Iterable):
-        raise InvalidSpecError(f"spec for {identity!r}: peers must be a list of identities", subject="peers")
+        raise InvalidSpecError(f"spec for {identity!r}: peers must be a list of identities", field="peers")
     result = []
     for peer in peers:
         peer = validate_identity(peer)
         if peer == identity:
-            raise InvalidSpecError(f"spec for {identity!r}: an agent cannot be its own peer", subject="peers")
+            raise InvalidSpecError(f"spec for {identity!r}: an agent cannot be its own peer", field="peers")
         result.append(peer)
     return tuple(sorted(set(result)))

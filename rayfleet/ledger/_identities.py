@@ -32,7 +32,7 @@ def register(tx: Transaction, record: SpecRecord, now: float) -> RegisterOutcome
             raise InvalidSpecError(
                 f"identity {record.identity!r} already exists with a different spec; spawn is idempotent only "
                 f"for the same spec. Use fleet.apply() to change a spec, or delete the identity first",
-                subject="spec",
+                field="spec",
             )
         return RegisterOutcome(created=False, lifecycle=row[1])
     write(tx, record, create=True, now=now)
@@ -47,7 +47,7 @@ def register(tx: Transaction, record: SpecRecord, now: float) -> RegisterOutcome
 def apply_specs(tx: Transaction, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord], now: float) -> None:
     for record in creates:
         if _views.exists(tx, record.identity):
-            raise InvalidSpecError(f"identity {record.identity!r} already exists", subject="roster")
+            raise InvalidSpecError(f"identity {record.identity!r} already exists", field="roster")
         write(tx, record, create=True, now=now)
     for record in updates:
         write(tx, record, create=False, now=now)

@@ -106,7 +106,7 @@ class Ledger:
     def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
         """Persist retired / broken / live for an identity, fenced."""
         if lifecycle not in _identities.LIFECYCLE_MARKERS:
-            raise InvalidSpecError(f"unknown lifecycle marker {lifecycle!r}", subject="lifecycle")
+            raise InvalidSpecError(f"unknown lifecycle marker {lifecycle!r}", field="lifecycle")
         with self._db.transaction() as tx:
             _identities.set_lifecycle(tx, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
                                       reason=reason)
@@ -142,7 +142,7 @@ class Ledger:
         current holder, or an ``UnknownIdentityError``.
         """
         if ttl <= 0:
-            raise InvalidSpecError(f"lease ttl must be positive, got {ttl!r}", subject="ttl")
+            raise InvalidSpecError(f"lease ttl must be positive, got {ttl!r}", field="ttl")
         with self._db.transaction() as tx:
             return _leases.acquire(tx, holder=holder, identities=identities, ttl=ttl,
                                    create_continuity=create_continuity, now=self._clock())

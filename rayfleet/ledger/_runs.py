@@ -34,14 +34,14 @@ def create(
         raise InvalidSpecError(
             f"run {run_id!r} already ended ({row[1]}); a finished run is never resumed (its compensated "
             f"steps would be replayed, not redone). Start a new run",
-            subject="run_id",
+            field="run_id",
         )
     if row[0] != code_version and not force:
         raise InvalidSpecError(
             f"run {run_id!r} was started by workflow code version {row[0]}, not {code_version}; "
             f"resuming it under different code could re-derive different steps. Pass force=True to resume "
             f"anyway, or start a new run",
-            subject="code_version",
+            field="code_version",
         )
     tx.execute(
         "UPDATE runs SET code_version = ?, definition = COALESCE(?, definition), updated_at = ? WHERE run_id = ?",

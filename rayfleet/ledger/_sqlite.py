@@ -167,7 +167,7 @@ class SqliteDatabase:
                 raise InvalidSpecError(
                     f"ledger file {str(self.path)!r} has schema version {version}, but this rayfleet knows only up "
                     f"to {len(MIGRATIONS)}; upgrade rayfleet to open it",
-                    subject="ledger",
+                    field="ledger",
                 )
             for script in MIGRATIONS[version:]:
                 for statement in script.split(";"):

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import aiohttp
 
-from ..errors import DeadlineExceededError, InvalidSpecError, RayfleetError
+from ..errors import (
+    InvalidSpecError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelTimeoutError,
+    ModelUnavailableError,
+)
 from ..identity._agent import Reply, Usage
+from ..retry import RetryPolicy, retry_async
 
-_BACKOFF_BASE = 0.25
-"""Seconds before the first retry; each later retry waits twice as long."""
-_BACKOFF_CAP = 4.0
-"""Longest wait between retries, so a large ``max_retries`` never sleeps for minutes."""
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+CHAT_RETRY = RetryPolicy(max_attempts=3, base_delay=0.25, max_delay=4.0, jitter=0.0)
+"""Waits between retried requests: 0.25 s doubling, capped at 4 s so a large ``max_retries``
+never sleeps for minutes. Each client replaces ``max_attempts`` with ``max_retries + 1``."""
 _EXCERPT = 200
 """Characters of a response body quoted in an error message."""
 _RESERVED_PARAMS = ("model", "messages", "stream")
@@ -44,10 +54,10 @@ class ChatMessage:
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role:
             raise InvalidSpecError(f"a chat message needs a non-empty string role, got {self.role!r}",
-                                   subject="messages")
+                                   field="messages")
         if not isinstance(self.content, str):
             raise InvalidSpecError(
-                f"chat message content must be a string, got {type(self.content).__name__}", subject="messages"
+                f"chat message content must be a string, got {type(self.content).__name__}", field="messages"
             )
 
     def to_json(self) -> dict[str, str]:
@@ -99,7 +109,7 @@ def coerce_messages(messages: Iterable[ChatMessage | Mapping[str, Any]]) -> list
         raise InvalidSpecError(
             "messages must be a list of ChatMessage or {'role': ..., 'content': ...} dicts, "
             f"got a single {type(messages).__name__}",
-            subject="messages",
+            field="messages",
         )
     coerced: list[ChatMessage] = []
     for index, message in enumerate(messages):
@@ -109,14 +119,14 @@ def coerce_messages(messages: Iterable[ChatMessage | Mapping[str, Any]]) -> list
             missing = [key for key in ("role", "content") if key not in message]
             if missing:
                 raise InvalidSpecError(f"message {index} lacks {', '.join(missing)}: {dict(message)!r}",
-                                       subject="messages")
+                                       field="messages")
             coerced.append(ChatMessage(message["role"], message["content"]))
         else:
             raise InvalidSpecError(
-                f"message {index} must be a ChatMessage or a dict, got {type(message).__name__}", subject="messages"
+                f"message {index} must be a ChatMessage or a dict, got {type(message).__name__}", field="messages"
             )
     if not coerced:
-        raise InvalidSpecError("messages is empty; send at least one message", subject="messages")
+        raise InvalidSpecError("messages is empty; send at least one message", field="messages")
     return coerced
 
 
@@ -125,48 +135,50 @@ def _excerpt(text: str) -> str:
     return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT] + "..."
 
 
-def _token_count(usage: Mapping[str, Any], name: str) -> int:
+def _token_count(usage: Mapping[str, Any], name: str, *, url: str) -> int:
     value = usage.get(name)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidSpecError(f"response usage.{name} must be a non-negative integer, got {value!r}",
-                               subject="response")
+        raise ModelResponseError(
+            url=url, detail=f"chat response usage.{name} must be a non-negative integer, got {value!r}"
+        )
     return value
 
 
-def _parse_completion(body: str, *, default_model: str) -> ChatReply:
-    """Decode a chat completions response body into a :class:`ChatReply`.
+def _parse_completion(body: str, *, url: str, default_model: str) -> ChatReply:
+    """Decode a chat completions response body from ``url`` into a :class:`ChatReply`.
 
     Raises:
-        InvalidSpecError: naming the part of the response that is missing or malformed.
+        ModelResponseError: naming the part of the response that is missing or malformed.
     """
     try:
         raw = json.loads(body)
     except ValueError:
-        raise InvalidSpecError(f"chat response is not JSON: {_excerpt(body)!r}", subject="response") from None
+        raise ModelResponseError(url=url, detail=f"chat response is not JSON: {_excerpt(body)!r}") from None
     if not isinstance(raw, dict):
-        raise InvalidSpecError(f"chat response must be a JSON object, got {_excerpt(body)!r}", subject="response")
+        raise ModelResponseError(url=url, detail=f"chat response must be a JSON object, got {_excerpt(body)!r}")
     choices = raw.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise InvalidSpecError(f"chat response has no choices[0]: {_excerpt(body)!r}", subject="response")
+        raise ModelResponseError(url=url, detail=f"chat response has no choices[0]: {_excerpt(body)!r}")
     message = choices[0].get("message")
     if not isinstance(message, dict):
-        raise InvalidSpecError(f"chat response has no choices[0].message: {_excerpt(body)!r}", subject="response")
+        raise ModelResponseError(url=url, detail=f"chat response has no choices[0].message: {_excerpt(body)!r}")
     content = message.get("content")
     if content is None and message.get("tool_calls"):
         content = ""  # a tool-call turn legitimately carries no text
     if not isinstance(content, str):
-        raise InvalidSpecError(f"chat response has no string choices[0].message.content: {_excerpt(body)!r}",
-                               subject="response")
+        raise ModelResponseError(
+            url=url, detail=f"chat response has no string choices[0].message.content: {_excerpt(body)!r}"
+        )
     usage_json = raw.get("usage")
     if usage_json is None:
         usage = Usage()  # some compatible servers omit usage; a budget then sees zero tokens
     elif isinstance(usage_json, dict):
-        usage = Usage(prompt_tokens=_token_count(usage_json, "prompt_tokens"),
-                      completion_tokens=_token_count(usage_json, "completion_tokens"))
+        usage = Usage(prompt_tokens=_token_count(usage_json, "prompt_tokens", url=url),
+                      completion_tokens=_token_count(usage_json, "completion_tokens", url=url))
     else:
-        raise InvalidSpecError(f"chat response usage must be an object, got {usage_json!r}", subject="response")
+        raise ModelResponseError(url=url, detail=f"chat response usage must be an object, got {usage_json!r}")
     finish_reason = choices[0].get("finish_reason")
     model = raw.get("model")
     return ChatReply(
@@ -211,17 +223,17 @@ class ChatClient:
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise InvalidSpecError(f"base_url must start with http:// or https://, got {base_url!r}",
-                                   subject="base_url")
+                                   field="base_url")
         if not isinstance(model, str) or not model:
-            raise InvalidSpecError(f"model must be a non-empty string, got {model!r}", subject="model")
+            raise InvalidSpecError(f"model must be a non-empty string, got {model!r}", field="model")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise InvalidSpecError("api_key must be a non-empty string or None", subject="api_key")
+            raise InvalidSpecError("api_key must be a non-empty string or None", field="api_key")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InvalidSpecError(f"timeout must be a positive number of seconds, got {timeout!r}",
-                                   subject="timeout")
+                                   field="timeout")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidSpecError(f"max_retries must be an integer >= 0, got {max_retries!r}",
-                                   subject="max_retries")
+                                   field="max_retries")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout = float(timeout)
@@ -237,7 +249,7 @@ class ChatClient:
     def __repr__(self) -> str:
         return f"ChatClient({self.base_url!r}, model={self.model!r}, timeout={self.timeout:g})"
 
-    async def __aenter__(self) -> ChatClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -281,34 +293,37 @@ class ChatClient:
             raise InvalidSpecError(
                 f"chat() does not take {', '.join(reserved)} as a parameter: the model is set on the client "
                 f"and streaming is not supported",
-                subject=reserved[0],
+                field=reserved[0],
             )
         body = {"model": self.model, "messages": [m.to_json() for m in coerce_messages(messages)], **params}
         try:
             return json.dumps(body)
         except (TypeError, ValueError) as error:
-            raise InvalidSpecError(f"chat parameters must be JSON-serialisable: {error}", subject="params") from None
+            raise InvalidSpecError(f"chat parameters must be JSON-serialisable: {error}", field="params") from None
 
     async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
         """Send ``messages`` to the chat completions endpoint and return the first choice.
+
+        HTTP 429, 5xx and connection failures are retried up to ``max_retries`` times,
+        waiting as :data:`CHAT_RETRY` says; nothing else is retried.
 
         Args:
             messages: ``ChatMessage`` values or ``{"role": ..., "content": ...}`` dicts.
             **params: request fields sent as given, e.g. ``temperature=0.2, max_tokens=64``.
 
         Raises:
-            InvalidSpecError: bad messages or parameters, or a response missing a required field.
-            DeadlineExceededError: one request took longer than ``timeout``.
-            RayfleetError: an HTTP error (status and body excerpt in the message), or
-                429/5xx/connection failures that outlasted ``max_retries``.
+            InvalidSpecError: bad messages or parameters; nothing was sent.
+            ModelRequestError: the server refused the request (another HTTP error; status and body inside).
+            ModelResponseError: the response lacks a required field or is not JSON.
+            ModelTimeoutError: one request took longer than ``timeout``.
+            ModelUnavailableError: 429/5xx/connection failures outlasted ``max_retries``.
         """
         body = self._request_body(messages, params)
         session = self._session()
         request_timeout = aiohttp.ClientTimeout(total=self.timeout)
-        attempts = self.max_retries + 1
-        failure = ""
-        last_error: BaseException | None = None
-        for attempt in range(attempts):
+        policy = dataclasses.replace(CHAT_RETRY, max_attempts=self.max_retries + 1)
+
+        async def attempt() -> ChatReply:
             try:
                 async with session.post(self.url, data=body, headers=self._headers(),
                                         timeout=request_timeout) as response:
@@ -316,22 +331,35 @@ class ChatClient:
                     text = await response.text(errors="replace")
             except asyncio.TimeoutError:
                 # Not retried: a request that timed out may still be generating (and billing) server-side.
-                raise DeadlineExceededError(identity=self.url, method="chat", timeout=self.timeout) from None
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
-                failure, last_error = f"connection failed: {type(error).__name__}: {error}", error
-            else:
-                if 200 <= status < 300:
-                    return _parse_completion(text, default_model=self.model)
-                if status != 429 and status < 500:
-                    # The request itself is wrong (auth, model name, parameters); repeating it cannot help.
-                    raise RayfleetError(
-                        f"chat completion at {self.url} failed with HTTP {status}: {_excerpt(text)!r}. "
-                        f"Check the api key, model name and parameters."
-                    )
-                failure, last_error = f"HTTP {status}: {_excerpt(text)!r}", None
-            if attempt + 1 < attempts:
-                await asyncio.sleep(min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt))
-        raise RayfleetError(
-            f"chat completion at {self.url} failed after {attempts} attempt(s); last: {failure}. "
-            f"Check that the server is up, or raise max_retries."
-        ) from last_error
+                raise ModelTimeoutError(url=self.url, timeout=self.timeout) from None
+            if 200 <= status < 300:
+                return _parse_completion(text, url=self.url, default_model=self.model)
+            if status == 429 or status >= 500:
+                raise _ServerBusy(status, _excerpt(text))
+            # The request itself is wrong (auth, model name, parameters); repeating it cannot help.
+            raise ModelRequestError(url=self.url, status=status, body_excerpt=_excerpt(text))
+
+        try:
+            return await retry_async(attempt, policy, retry_on=_is_transient)
+        except _ServerBusy as busy:
+            raise ModelUnavailableError(
+                url=self.url, attempts=policy.max_attempts, last_failure=f"HTTP {busy.status}: {busy.excerpt!r}"
+            ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
+            raise ModelUnavailableError(
+                url=self.url, attempts=policy.max_attempts,
+                last_failure=f"connection failed: {type(error).__name__}: {error}",
+            ) from error
+
+
+class _ServerBusy(Exception):
+    """HTTP 429 or 5xx: the server may answer a later attempt."""
+
+    def __init__(self, status: int, excerpt: str) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.excerpt = excerpt
+
+
+def _is_transient(error: Exception) -> bool:
+    return isinstance(error, (_ServerBusy, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))

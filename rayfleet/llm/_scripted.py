@@ -30,12 +30,12 @@ class ScriptedModel:
 
     def __init__(self, replies: list[str], *, tokens_per_word: int = 1) -> None:
         if isinstance(replies, str) or not isinstance(replies, (list, tuple)) or not replies:
-            raise InvalidSpecError("replies must be a non-empty list of strings", subject="replies")
+            raise InvalidSpecError("replies must be a non-empty list of strings", field="replies")
         if not all(isinstance(reply, str) for reply in replies):
-            raise InvalidSpecError(f"every reply must be a string, got {replies!r}", subject="replies")
+            raise InvalidSpecError(f"every reply must be a string, got {replies!r}", field="replies")
         if isinstance(tokens_per_word, bool) or not isinstance(tokens_per_word, int) or tokens_per_word < 1:
             raise InvalidSpecError(f"tokens_per_word must be a positive integer, got {tokens_per_word!r}",
-                                   subject="tokens_per_word")
+                                   field="tokens_per_word")
         self.replies: tuple[str, ...] = tuple(replies)
         self.tokens_per_word = tokens_per_word
         self._calls = 0

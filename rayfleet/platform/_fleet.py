@@ -21,6 +21,9 @@ from ..errors import (
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
+    UnknownDeadLetterError,
+    UnknownIdentityError,
+    UsageError,
 )
 from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
 from ..host._runtime import HostStatistics
@@ -78,13 +81,13 @@ class FleetConfig:
 
     def _validate(self) -> None:
         if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
-            raise InvalidSpecError(f"hosts must be a positive integer, got {self.hosts!r}", subject="hosts")
+            raise InvalidSpecError(f"hosts must be a positive integer, got {self.hosts!r}", field="hosts")
         for name in ("lease_ttl", "idle_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", subject=name)
+                raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", field=name)
         if not self.namespace or not isinstance(self.namespace, str):
-            raise InvalidSpecError(f"namespace must be a non-empty string, got {self.namespace!r}", subject="namespace")
+            raise InvalidSpecError(f"namespace must be a non-empty string, got {self.namespace!r}", field="namespace")
 
 
 def connect(
@@ -236,12 +239,12 @@ class Fleet:
         if isinstance(identity, AgentSpec):
             if agent is not None:
                 raise InvalidSpecError("pass either an AgentSpec or an identity and agent class, not both",
-                                       subject="agent")
+                                       field="agent")
             spec = identity
         else:
             if agent is None:
                 raise InvalidSpecError(
-                    f"spawn({identity!r}) needs an agent class: fleet.spawn({identity!r}, MyAgent)", subject="agent"
+                    f"spawn({identity!r}) needs an agent class: fleet.spawn({identity!r}, MyAgent)", field="agent"
                 )
             spec = AgentSpec(
                 identity=identity, agent=agent, labels=labels or {}, addressability=addressability,
@@ -396,12 +399,13 @@ class Fleet:
 
         The letter is removed once the message has been delivered, whatever the
         outcome: if it fails again, the host records a new dead letter for it.
+
+        Raises:
+            UnknownDeadLetterError: no dead letter has ``letter_id`` (perhaps already replayed).
         """
         letter = self._ledger.dead_letter(letter_id).result()
         if letter is None:
-            raise InvalidSpecError(
-                f"there is no dead letter {letter_id}; list them with fleet.dead_letters()", subject="letter_id"
-            )
+            raise UnknownDeadLetterError(letter_id=letter_id)
         envelope: Envelope = cloudpickle.loads(letter.envelope)
         try:
             reply = send(self._courier, envelope, timeout=timeout)
@@ -432,14 +436,15 @@ class Fleet:
 
         Raises:
             InvalidSpecError: the workflow is not valid (named step), or a code-version mismatch.
+            UsageError: called from a running event loop (use ``await fleet.run_async(wf)``).
         """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self.run_async(workflow, run_id=run_id, force=force))
-        raise InvalidSpecError(
+        raise UsageError(
             "fleet.run() blocks and cannot be called from a running event loop; use await fleet.run_async(wf)",
-            subject="run",
+            api="fleet.run()",
         )
 
     async def run_async(self, workflow: Workflow, *, run_id: str | None = None, force: bool = False) -> WorkflowOutcome:
@@ -588,7 +593,7 @@ def _default_ledger_path(storage: str) -> str:
     if "://" in storage and not storage.startswith("file://"):
         raise InvalidSpecError(
             f"storage {storage!r} is remote; give connect(ledger_path=...) a local path for the SQLite ledger",
-            subject="ledger_path",
+            field="ledger_path",
         )
     root = storage.removeprefix("file://")
     return str(Path(root) / "ledger.sqlite")

@@ -50,7 +50,7 @@ class _HostRouter:
             raise InvalidSpecError(
                 f"{sender!r} sent {method!r} to itself; a handler cannot wait for its own turn. "
                 f"Call the method directly on self instead",
-                subject="target",
+                field="target",
             )
         envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender)
         runtime = self._host.runtime
@@ -126,7 +126,7 @@ class AgentHost:
             return ERROR, InvalidSpecError(
                 f"malformed request for {identity!r}: expected an rf.Envelope addressed to it, got "
                 f"{type(envelope).__name__}. Send messages through fleet.agent(...).call()",
-                subject="envelope",
+                field="envelope",
             )
 
         async def turn() -> Any:

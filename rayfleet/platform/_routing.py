@@ -22,6 +22,7 @@ from ..errors import FleetUnavailableError, InvalidArgumentsError
 from ..host._messages import Envelope
 from ..ledger._contract import LedgerClient
 from ..ledger._values import HostInfo
+from ..retry import RetryPolicy
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -276,10 +277,13 @@ def dispatch_request(envelope: Envelope) -> HostRequest:
 def tell_request(envelope: Envelope) -> HostRequest:
     """Hand a message to the owner, which runs it in the background."""
     return lambda host: host.tell.remote(envelope.target, envelope)
+ROUTING_RETRY = RetryPolicy(max_attempts=MAX_HOPS, base_delay=0.05, max_delay=1.0, jitter=0.0)
+"""Waits before re-reading the host directory on a routing retry; hops are counted by ``CallPlan``."""
 
 
 def _backoff(hops: int) -> float:
-    return min(0.05 * 2 ** max(hops - 2, 0), 1.0) if hops > 1 else 0.0
+    # No wait before the first re-read of the directory (hop 1); then 0.05 s, doubling up to 1 s.
+    return ROUTING_RETRY.delay_for(hops - 2) if hops > 1 else 0.0
 
 
 def _pause(hops: int) -> None:

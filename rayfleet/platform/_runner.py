@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import logging
 import time
 import uuid
@@ -25,11 +26,13 @@ from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
     RayfleetError,
+    UnknownRunError,
 )
 from ..host._messages import Envelope
 from ..identity._agent import Usage
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
+from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
@@ -250,16 +253,14 @@ class RunnerClient:
             FleetUnavailableError: the runner did not come back within ``patience`` seconds.
         """
         deadline = time.monotonic() + patience
-        delay = 0.05
-        while True:
+        for attempt in itertools.count():
             try:
                 ray.get(self.handle().start.remote(run_id))
                 return
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError) as error:
                 if time.monotonic() > deadline:
                     raise FleetUnavailableError(detail=f"the workflow runner did not come back: {error}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                time.sleep(RUNNER_START_RETRY.delay_for(attempt))
 
     def stop(self) -> None:
         """Kill the runner actor if one exists (its runs resume when a new one starts)."""
@@ -267,6 +268,10 @@ class RunnerClient:
             ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.namespace))
         except ValueError:
             pass  # no run was ever submitted
+
+
+RUNNER_START_RETRY = RetryPolicy(base_delay=0.05, max_delay=1.0, jitter=0.0)
+"""Waits while the runner actor restarts; attempts are bounded by ``patience``, not ``max_attempts``."""
 
 
 def new_run_id(workflow: Workflow) -> str:

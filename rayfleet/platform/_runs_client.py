@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import cloudpickle
 
-from ..errors import DeadlineExceededError, InvalidSpecError
+from ..errors import DeadlineExceededError, InternalError, UnknownRunError
 from ..ledger._contract import LedgerClient
 from ..ledger._values import RunRecord
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
@@ -42,6 +42,8 @@ class RunInfo:
 class RunsClient:
     """The run registry (``fleet.runs``): status, wait, cancel, pause and resume.
 
+    Every method taking a ``run_id`` raises :class:`~rayfleet.UnknownRunError` when no run has it.
+
     Args:
         ledger: where runs are registered and journaled.
         runner: starts submitted runs in the runner actor (for ``resume``).
@@ -54,9 +56,7 @@ class RunsClient:
     def get(self, run_id: str) -> RunInfo:
         record = self._ledger.run(run_id).result()
         if record is None:
-            raise InvalidSpecError(
-                f"there is no run {run_id!r}; list runs with fleet.runs.list_runs()", subject="run_id"
-            )
+            raise UnknownRunError(run_id=run_id)
         return RunInfo.from_record(record)
 
     def list_runs(self, status: RunStatus | str | None = None) -> list[RunInfo]:
@@ -74,7 +74,7 @@ class RunsClient:
         while True:
             record = self._ledger.run(run_id).result()
             if record is None:
-                raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
+                raise UnknownRunError(run_id=run_id)
             if record.status not in UNFINISHED and record.outcome is not None:
                 outcome: WorkflowOutcome = cloudpickle.loads(record.outcome)
                 return outcome
@@ -101,7 +101,7 @@ class RunsClient:
         if info.submitted and info.status.value in UNFINISHED:
             definition = self._ledger.run_definition(run_id).result()
             if definition is None:
-                raise InvalidSpecError(f"run {run_id!r} has no stored definition to resume", subject="run_id")
+                raise InternalError(detail=f"submitted run {run_id!r} has no stored definition to resume")
             workflow: Workflow = cloudpickle.loads(definition)
             self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
                                     definition=None, force=force).result()
@@ -109,4 +109,4 @@ class RunsClient:
 
     def _request(self, run_id: str, *, cancel: bool | None = None, pause: bool | None = None) -> None:
         if not self._ledger.request_run(run_id=run_id, cancel=cancel, pause=pause).result():
-            raise InvalidSpecError(f"there is no run {run_id!r}", subject="run_id")
+            raise UnknownRunError(run_id=run_id)

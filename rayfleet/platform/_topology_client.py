@@ -15,13 +15,17 @@ from ..identity._names import validate_identity
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
 from ..ledger._values import TopologyChange
+from ..retry import RetryPolicy
 from ..topology._export import export_topology
 from ..topology._graph import Edge, LiveEdge
-from ..topology._reconcile import ReconcileReport, backoff_delays, plan_reconcile
+from ..topology._reconcile import ReconcileReport, plan_reconcile
 from ._routing import Courier
 from ._status import identity_status
 
 HOST_NOTIFY_CONCURRENCY = 64
+NOTIFY_RETRY = RetryPolicy(max_attempts=4, base_delay=0.05, max_delay=2.0, jitter=0.0)
+"""Rounds of telling hosts to reload peers: fast first retries for transient hiccups, bounded so a
+reconcile never stalls long on one bad host. No jitter: reconciles never overlap, so nothing to spread."""
 
 
 class HostNotifier:
@@ -36,7 +40,7 @@ class HostNotifier:
         courier.refresh_sync()
         pending = [name for name in courier.directory.names if name not in courier.directory.dead]
         failures: dict[str, str] = {}
-        for delay in [0.0, *backoff_delays(3)]:
+        for delay in [0.0, *NOTIFY_RETRY.delays()]:
             if not pending:
                 break
             time.sleep(delay)

@@ -215,7 +215,7 @@ def load_roster(source: RosterSource) -> list[AgentSpec]:
                 text = handle.read()
         except OSError as error:
             raise InvalidSpecError(
-                f"cannot read roster file {path!r}: {error.strerror or error}. Check the path.", subject=path
+                f"cannot read roster file {path!r}: {error.strerror or error}. Check the path.", field=path
             ) from None
         return _load_yaml(text, path)
     if isinstance(source, str):
@@ -224,13 +224,13 @@ def load_roster(source: RosterSource) -> list[AgentSpec]:
         raise InvalidSpecError(
             f"roster file {source!r} does not exist. Pass an existing .yaml/.yml path, YAML text, "
             f"or a list of AgentSpec.",
-            subject=source,
+            field=source,
         )
     if isinstance(source, Sequence):
         return _build_specs([(item, f"item {index}") for index, item in enumerate(source)], "roster list")
     raise InvalidSpecError(
         f"a roster must be a YAML path, YAML text, or a list of AgentSpec or mappings, got {type(source).__name__}",
-        subject="roster",
+        field="roster",
     )
 
 
@@ -252,7 +252,7 @@ def _load_yaml(text: str, where: str) -> list[AgentSpec]:
         place = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
         raise InvalidSpecError(
-            f"roster {where}{place}: invalid YAML ({problem}). Fix the syntax there.", subject=where
+            f"roster {where}{place}: invalid YAML ({problem}). Fix the syntax there.", field=where
         ) from None
     finally:
         loader.dispose()
@@ -287,7 +287,7 @@ def _build_specs(items: Sequence[tuple[object, str]], where: str) -> list[AgentS
             raise InvalidSpecError(
                 f"roster {where}: duplicate identity {spec.identity!r} at {seen[spec.identity]} and {place} "
                 f"(identities in a roster must be unique). Remove or rename one of them.",
-                subject=spec.identity,
+                field=spec.identity,
             )
         seen[spec.identity] = place
         specs.append(spec)
@@ -305,7 +305,7 @@ def _spec_from_item(item: object, where: str, place: str) -> AgentSpec:
     except InvalidSpecError as error:
         raise InvalidSpecError(
             f"roster {where} {place} (identity {agent.identity!r}): {error.message}",
-            subject=getattr(error, "subject", ""),
+            field=error.field,
         ) from error
 
 
@@ -326,13 +326,13 @@ def _file_error(
         return InvalidSpecError(
             f"roster {where}: the top level must be a mapping with an 'agents' list, e.g.\n"
             f"agents:\n  - identity: team/planner\n    agent: mypkg.agents:Planner",
-            subject=where,
+            field=where,
         )
     if unknown:
         return InvalidSpecError(
             f"roster {where}: unknown top-level key(s) {', '.join(unknown)}. "
             f"A roster has a single top-level key, 'agents'; remove the others.",
-            subject=where,
+            field=where,
         )
     index = min(by_item)
     return _item_error(by_item[index], data["agents"][index], where, place(index))
@@ -347,7 +347,7 @@ def _item_error(problems: Sequence[tuple[_Loc, ErrorDetails]], item: object, whe
         return InvalidSpecError(
             f"roster {where} {place}: each agent must be a mapping of spec fields "
             f"(identity, agent, ...), got {type(item).__name__} {item!r}",
-            subject=where,
+            field=where,
         )
     raw_identity = item.get("identity") if isinstance(item, Mapping) else None
     who = f" (identity {raw_identity!r})" if raw_identity is not None else ""
@@ -378,9 +378,9 @@ def _item_error(problems: Sequence[tuple[_Loc, ErrorDetails]], item: object, whe
             f"Every agent needs an identity and an agent class path 'pkg.module:Class'"
         )
     texts.extend(wrong.values())
-    # The subject follows the first problem named: a key problem is the item's, a bad value its field's.
-    subject = by_identity if unknown or missing else wrong_fields[0]
-    return InvalidSpecError(f"roster {where} {place}{who}: {'; '.join(texts)}.", subject=subject)
+    # The field follows the first problem named: a key problem is the item's, a bad value its field's.
+    field = by_identity if unknown or missing else wrong_fields[0]
+    return InvalidSpecError(f"roster {where} {place}{who}: {'; '.join(texts)}.", field=field)
 
 
 def _key_path(item: object, loc: _Loc) -> tuple[str, bool]:
@@ -439,7 +439,7 @@ def validate_roster(specs: Sequence[AgentSpec], *, existing: Collection[str] = (
                 raise InvalidSpecError(
                     f"agent {spec.identity!r} lists peer {peer!r}, which is neither in the roster nor in the fleet. "
                     f"Add {peer!r} to the roster or spawn it first.",
-                    subject=spec.identity,
+                    field=spec.identity,
                 )
 
 
@@ -501,7 +501,7 @@ def _unique_identities(specs: Sequence[AgentSpec]) -> set[str]:
             raise InvalidSpecError(
                 f"duplicate identity in roster: {spec.identity!r}. Identities in a roster must be unique; "
                 f"remove or rename one.",
-                subject=spec.identity,
+                field=spec.identity,
             )
         seen.add(spec.identity)
     return seen

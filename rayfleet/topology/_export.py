@@ -39,7 +39,7 @@ def export_topology(
     kind = fmt.lower() if isinstance(fmt, str) else fmt
     if kind not in FORMATS:
         raise InvalidSpecError(
-            f"unknown topology export format {fmt!r}. Use one of: {', '.join(FORMATS)}.", subject="fmt"
+            f"unknown topology export format {fmt!r}. Use one of: {', '.join(FORMATS)}.", field="fmt"
         )
     edge_list = sorted(set(edges))
     managed_set = frozenset(managed)

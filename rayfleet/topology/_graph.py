@@ -33,14 +33,14 @@ class Edge:
             raise InvalidSpecError(
                 f"edge {self.a!r} -- {self.b!r} joins {self.a!r} to itself: an agent cannot be its own peer. "
                 f"Remove {self.a!r} from its own peers.",
-                subject=self.a,
+                field=self.a,
             )
         if self.a > self.b:
             # A non-canonical edge would compare unequal to its mirror and break set arithmetic.
             raise InvalidSpecError(
                 f"edge {self.a!r} -- {self.b!r} is not canonical (a must sort before b). "
                 f"Build it with Edge.of({self.a!r}, {self.b!r}).",
-                subject=self.a,
+                field=self.a,
             )
 
     @classmethod
@@ -109,7 +109,7 @@ def desired_edges(specs: Iterable[AgentSpec], explicit: Iterable[Edge] = ()) -> 
             raise InvalidSpecError(
                 f"explicit edge {item!r} is not an Edge or an (identity, identity) pair; "
                 f"build it with Edge.of('a', 'b').",
-                subject="edges",
+                field="edges",
             )
     return frozenset(edges)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from ..errors import InvalidSpecError
 from ._graph import Edge
 
 
@@ -144,27 +143,3 @@ class ReconcileReport:
         """The report of ``plan`` executed in full, with any ``failures`` attached."""
         return cls(adopted=_sorted(plan.adopt), wired=_sorted(plan.wire), unwired=_sorted(plan.unwire),
                    forgotten=_sorted(plan.forget), waiting=_sorted(plan.waiting), failures=tuple(failures))
-
-
-def backoff_delays(attempts: int, *, base: float = 0.05, cap: float = 2.0) -> list[float]:
-    """Seconds to wait before each retry of a failed wiring step.
-
-    Delay ``i`` is ``min(cap, base * 2**i)``: fast first retries for transient
-    hiccups, bounded so a reconcile pass never stalls long on one bad edge. No
-    jitter, because reconciles never overlap (one global reconcile at a time).
-
-    Args:
-        attempts: Number of retries (``0`` gives ``[]``).
-        base: First delay in seconds (> 0).
-        cap: Largest delay in seconds (>= ``base``).
-
-    Raises:
-        InvalidSpecError: if ``attempts`` is negative or the delays are out of range.
-    """
-    if not isinstance(attempts, int) or attempts < 0:
-        raise InvalidSpecError(f"backoff attempts must be an integer >= 0, got {attempts!r}", subject="attempts")
-    if not base > 0 or not cap >= base:
-        raise InvalidSpecError(
-            f"backoff delays must satisfy 0 < base <= cap, got base={base!r}, cap={cap!r}", subject="backoff"
-        )
-    return [min(cap, base * 2**attempt) for attempt in range(attempts)]

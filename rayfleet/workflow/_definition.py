@@ -62,7 +62,7 @@ class Budget:
             if value is not None and not _positive_number(value, integer=integer):
                 kind = "a positive integer" if integer else "a positive number of seconds"
                 raise InvalidSpecError(
-                    f"budget {name} must be {kind} or None, got {value!r}", subject="budget"
+                    f"budget {name} must be {kind} or None, got {value!r}", field="budget"
                 )
 
 
@@ -91,7 +91,7 @@ class BudgetMeter:
     def charge_tokens(self, n: int) -> None:
         """Add ``n`` tokens (negative counts are a dispatcher bug and are refused)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidSpecError(f"token count must be a non-negative integer, got {n!r}", subject="budget")
+            raise InvalidSpecError(f"token count must be a non-negative integer, got {n!r}", field="budget")
         self.tokens += n
 
     def check(self) -> None:
@@ -136,11 +136,11 @@ class Select:
     def __post_init__(self) -> None:
         if not isinstance(self.labels, Mapping) or not self.labels:
             raise InvalidSpecError(
-                "Select needs at least one label, e.g. Select({'skill': 'summarize'})", subject="select"
+                "Select needs at least one label, e.g. Select({'skill': 'summarize'})", field="select"
             )
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
             raise InvalidSpecError(f"Select labels must map strings to strings, got {dict(self.labels)!r}",
-                                   subject="select")
+                                   field="select")
         # A read-only copy: the selector is a value and must not change under the engine.
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
 
@@ -200,7 +200,7 @@ class Quorum:
 
     def __post_init__(self) -> None:
         if not _positive_number(self.k, integer=True):
-            raise InvalidSpecError(f"Quorum k must be an integer >= 1, got {self.k!r}", subject="gather")
+            raise InvalidSpecError(f"Quorum k must be an integer >= 1, got {self.k!r}", field="gather")
 
     def decide(self, successes: int, failures: int, total: int) -> Decision:
         if successes >= self.k:
@@ -267,61 +267,61 @@ class Step:
     def __post_init__(self) -> None:
         label = self.label
         if not isinstance(label, str) or not label:
-            raise InvalidSpecError(f"step label must be a non-empty string, got {label!r}", subject="step")
+            raise InvalidSpecError(f"step label must be a non-empty string, got {label!r}", field="step")
         targets = [name for name in ("to", "select", "scatter") if getattr(self, name) is not None]
         if len(targets) != 1:
             given = ", ".join(targets) or "none"
             raise InvalidSpecError(
                 f"step {label!r} needs exactly one of to=, select= or scatter= (given: {given}); "
                 f"keep the one that names who should run it",
-                subject=label,
+                field=label,
             )
         if self.to is not None:
             try:
                 validate_identity(self.to)
             except InvalidSpecError as error:
-                raise InvalidSpecError(f"step {label!r} has an invalid to=: {error}", subject=label) from None
+                raise InvalidSpecError(f"step {label!r} has an invalid to=: {error}", field=label) from None
         for name in ("select", "scatter"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Select):
                 raise InvalidSpecError(f"step {label!r}: {name}= must be a Select(...), got {value!r}",
-                                       subject=label)
+                                       field=label)
         if not isinstance(self.call, str) or not self.call.isidentifier():
-            raise InvalidSpecError(f"step {label!r}: call= must be a handler name, got {self.call!r}", subject=label)
+            raise InvalidSpecError(f"step {label!r}: call= must be a handler name, got {self.call!r}", field=label)
         if self.payload is not None and not (callable(self.payload) or isinstance(self.payload, Mapping)):
             raise InvalidSpecError(
                 f"step {label!r}: payload= must be a dict or a callable(ctx) returning a dict, got "
                 f"{type(self.payload).__name__}",
-                subject=label,
+                field=label,
             )
         if isinstance(self.after, str) or not all(isinstance(dep, str) for dep in self.after):
             raise InvalidSpecError(f"step {label!r}: after= must be a tuple of step labels, got {self.after!r}",
-                                   subject=label)
+                                   field=label)
         object.__setattr__(self, "after", tuple(self.after))
         if not isinstance(self.gather, _GATHER_TYPES):
             raise InvalidSpecError(f"step {label!r}: gather= must be AllOf(), AnyOf(), FirstOf() or Quorum(k), "
-                                   f"got {self.gather!r}", subject=label)
+                                   f"got {self.gather!r}", field=label)
         for name in ("timeout", "per_agent_timeout"):
             value = getattr(self, name)
             if value is not None and not _positive_number(value, integer=False):
                 raise InvalidSpecError(f"step {label!r}: {name} must be a positive number of seconds, got {value!r}",
-                                       subject=label)
+                                       field=label)
         if self.timeout is None:
-            raise InvalidSpecError(f"step {label!r}: timeout must be a positive number of seconds", subject=label)
+            raise InvalidSpecError(f"step {label!r}: timeout must be a positive number of seconds", field=label)
         if not isinstance(self.retry, RetryPolicy):
-            raise InvalidSpecError(f"step {label!r}: retry must be a RetryPolicy, got {self.retry!r}", subject=label)
+            raise InvalidSpecError(f"step {label!r}: retry must be a RetryPolicy, got {self.retry!r}", field=label)
         if self.on_timeout not in ("fail", "reassign"):
             raise InvalidSpecError(f"step {label!r}: on_timeout must be 'fail' or 'reassign', got {self.on_timeout!r}",
-                                   subject=label)
+                                   field=label)
         if self.verifier is not None and not callable(self.verifier):
-            raise InvalidSpecError(f"step {label!r}: a verifier must be callable(output) -> bool", subject=label)
+            raise InvalidSpecError(f"step {label!r}: a verifier must be callable(output) -> bool", field=label)
         if self.compensation is not None and (not isinstance(self.compensation, str)
                                               or not self.compensation.isidentifier()):
             raise InvalidSpecError(f"step {label!r}: compensate() needs a handler name, got {self.compensation!r}",
-                                   subject=label)
+                                   field=label)
         if self.compensation_payload is not None and not callable(self.compensation_payload):
             raise InvalidSpecError(f"step {label!r}: a compensation payload must be callable(ctx) -> dict",
-                                   subject=label)
+                                   field=label)
 
     @property
     def target(self) -> str | Select:
@@ -413,12 +413,12 @@ class Workflow:
         try:
             validate_identity(name)
         except InvalidSpecError as error:
-            raise InvalidSpecError(f"workflow name is not valid: {error}", subject="workflow") from None
+            raise InvalidSpecError(f"workflow name is not valid: {error}", field="workflow") from None
         if not _positive_number(parallelism, integer=True):
             raise InvalidSpecError(f"workflow {name!r}: parallelism must be an integer >= 1, got {parallelism!r}",
-                                   subject=name)
+                                   field=name)
         if budget is not None and not isinstance(budget, Budget):
-            raise InvalidSpecError(f"workflow {name!r}: budget must be a Budget(...), got {budget!r}", subject=name)
+            raise InvalidSpecError(f"workflow {name!r}: budget must be a Budget(...), got {budget!r}", field=name)
         self.name = name
         self.budget = budget
         self.parallelism = parallelism
@@ -452,7 +452,7 @@ class Workflow:
         if label in self._steps:
             raise InvalidSpecError(
                 f"workflow {self.name!r} already has a step {label!r}; give each step a unique label",
-                subject=label,
+                field=label,
             )
         after_tuple = (after,) if isinstance(after, str) else tuple(after)
         self._steps[label] = Step(
@@ -481,24 +481,24 @@ class Workflow:
                     validate_identity(step.to)
                 except InvalidSpecError as error:
                     raise InvalidSpecError(f"step {step.label!r} has an invalid to=: {error}",
-                                           subject=step.label) from None
+                                           field=step.label) from None
             for dep in step.after:
                 if dep not in self._steps:
                     raise InvalidSpecError(
                         f"step {step.label!r} depends on unknown step {dep!r}; add that step or fix after=",
-                        subject=step.label,
+                        field=step.label,
                     )
             if step.exclusive and step.scatter is not None:
                 raise InvalidSpecError(
                     f"step {step.label!r} is exclusive but scatters to every matching agent; an exclusive step "
                     f"needs one holder, so use to= or select=, or drop .exclusive()",
-                    subject=step.label,
+                    field=step.label,
                 )
             if step.on_timeout == "reassign" and not step.exclusive:
                 raise InvalidSpecError(
                     f"step {step.label!r} reassigns on timeout but is not exclusive; add .exclusive() so the "
                     f"reassignment bumps the fence and gates out the timed-out holder",
-                    subject=step.label,
+                    field=step.label,
                 )
         self.order()  # raises on a cycle
         if for_submit:
@@ -511,7 +511,7 @@ class Workflow:
                             f"step {step.label!r}: its {what} cannot be pickled for submission "
                             f"({type(error).__name__}: {error}); capture only picklable values in it, "
                             f"or run the workflow in-process",
-                            subject=step.label,
+                            field=step.label,
                         ) from None
 
     def order(self) -> list[str]:
@@ -530,7 +530,7 @@ class Workflow:
                 if dep not in self._steps:
                     raise InvalidSpecError(
                         f"step {step.label!r} depends on unknown step {dep!r}; add that step or fix after=",
-                        subject=step.label,
+                        field=step.label,
                     )
                 indegree[step.label] += 1
                 dependents[dep].append(step.label)
@@ -548,7 +548,7 @@ class Workflow:
             raise InvalidSpecError(
                 f"workflow {self.name!r} has a dependency cycle: {' -> '.join(cycle)}; "
                 f"remove one of these after= links",
-                subject=cycle[0],
+                field=cycle[0],
             )
         return result
 

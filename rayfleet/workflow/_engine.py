@@ -14,14 +14,15 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import (
     BudgetExceededError,
     DeadlineExceededError,
-    HandlerError,
+    InternalError,
     InvalidSpecError,
     RayfleetError,
     RunCancelledError,
     StepFailedError,
+    is_retryable,
 )
 from ..identity._agent import Reply, Usage
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, retry_async
 from ._definition import (
     MAX_REASSIGNMENTS,
     AgentFailure,
@@ -79,15 +80,6 @@ class Dispatcher(Protocol):
     async def release_run_lease(self, *, run_id: str, holder: str) -> None:
         """Release the lease if ``holder`` still holds it."""
         ...
-
-
-def _is_retryable(error: BaseException) -> bool:
-    if isinstance(error, (TimeoutError, ConnectionError)):
-        return True
-    # rf.Retryable is matched by name so this module needs no import of the agent runtime.
-    if any(cls.__name__ == "Retryable" for cls in type(error).__mro__):
-        return True
-    return isinstance(error, HandlerError) and str(getattr(error, "remote_type", "")).endswith("Retryable")
 
 
 def _describe(error: BaseException) -> str:
@@ -157,11 +149,11 @@ class WorkflowEngine:
         rng: random.Random | None = None,
     ) -> None:
         if not isinstance(run_id, str) or not run_id:
-            raise InvalidSpecError(f"run_id must be a non-empty string, got {run_id!r}", subject="run_id")
+            raise InvalidSpecError(f"run_id must be a non-empty string, got {run_id!r}", field="run_id")
         self.workflow = workflow
         self.run_id = run_id
         if sender is not None and (not isinstance(sender, str) or not sender):
-            raise InvalidSpecError(f"sender must be a non-empty string, got {sender!r}", subject="sender")
+            raise InvalidSpecError(f"sender must be a non-empty string, got {sender!r}", field="sender")
         self.sender = sender if sender is not None else workflow.name
         self._dispatcher = dispatcher
         self._journal = journal
@@ -422,11 +414,14 @@ class WorkflowEngine:
                     # The dispatch was cut short by the wall-clock budget, not by the step's timeout.
                     self._meter.check()
                 last = retry_index == policy.max_attempts - 1
-                if last or not _is_retryable(error) or (isinstance(error, TimeoutError) and not retry_timeouts):
+                if last or not is_retryable(error, handler_failures=True) or (
+                    isinstance(error, TimeoutError) and not retry_timeouts
+                ):
                     raise
                 logger.info("step %r attempt %d on %r failed (%s); retrying", step.label, attempt, target, error)
                 await asyncio.sleep(policy.delay_for(retry_index, rng=self._rng))
-        raise AssertionError("unreachable: max_attempts >= 1")
+        # RetryPolicy refuses max_attempts < 1, so the loop always returns or raises.
+        raise InternalError(detail=f"step {step.label!r} ended its retry loop without an attempt")
 
     async def _dispatch_exclusive(
         self, step: Step, target: str, payload: dict[str, Any], key: str, timeout: float, attempt: int,
@@ -634,15 +629,11 @@ class WorkflowEngine:
 
     async def _compensate_one(self, step: Step, target: str, payload: dict[str, Any]) -> None:
         assert step.compensation is not None
-        key = f"{self.run_id}/{step.label}/compensate"
-        policy = COMPENSATION_RETRY
-        for index in range(policy.max_attempts):
-            try:
-                await self._call(target=target, method=step.compensation, payload=payload, key=key,
-                                 timeout=step.timeout)
-                return
-            except Exception:
-                # Compensations share one idempotency key, so retrying any error is safe.
-                if index == policy.max_attempts - 1:
-                    raise
-                await asyncio.sleep(policy.delay_for(index, rng=self._rng))
+        method, key = step.compensation, f"{self.run_id}/{step.label}/compensate"
+        await retry_async(
+            lambda: self._call(target=target, method=method, payload=payload, key=key, timeout=step.timeout),
+            COMPENSATION_RETRY,
+            # Compensations share one idempotency key, so retrying any error is safe.
+            retry_on=lambda error: True,
+            rng=self._rng,
+        )

@@ -77,7 +77,7 @@ def test_invalid_identity_is_refused_with_the_reason(fleet: rf.Fleet, identity: 
         fleet.agent(identity)
     for error in (spawned.value, referenced.value):
         assert isinstance(error, ValueError)
-        assert error.subject == "identity"
+        assert error.field == "identity"
         assert problem in str(error), str(error)
         assert "orders/eu-1" in str(error)  # shows what a valid name looks like
     assert fleet.list_agents() == []  # nothing was written
@@ -86,7 +86,7 @@ def test_invalid_identity_is_refused_with_the_reason(fleet: rf.Fleet, identity: 
 def test_agent_class_must_be_an_rf_agent(fleet: rf.Fleet) -> None:
     with pytest.raises(rf.InvalidSpecError, match="rf.Agent") as error:
         fleet.spawn("bad/class", NotAnAgent)  # type: ignore[arg-type]
-    assert error.value.subject == "agent" and "NotAnAgent" in str(error.value)
+    assert error.value.field == "agent" and "NotAnAgent" in str(error.value)
     with pytest.raises(rf.InvalidSpecError, match="rf.Agent"):
         fleet.spawn("bad/base", rf.Agent)
     with pytest.raises(rf.InvalidSpecError, match="cannot import module 'no_such_module_xyz'"):
@@ -111,7 +111,7 @@ def test_agent_class_must_be_an_rf_agent(fleet: rf.Fleet) -> None:
 def test_bad_spec_options_name_the_field(fleet: rf.Fleet, options: dict, field: str, named: str) -> None:
     with pytest.raises(rf.InvalidSpecError) as error:
         fleet.spawn("bad/spec", Account, **options)
-    assert error.value.subject == field
+    assert error.value.field == field
     assert named in str(error.value), str(error.value)
     assert fleet.list_agents() == []
 
@@ -128,7 +128,7 @@ def test_bad_spec_options_name_the_field(fleet: rf.Fleet, options: dict, field: 
 def test_bad_connect_options_name_the_option(storage: Path, options: dict, named: str) -> None:
     with pytest.raises(rf.InvalidSpecError) as error:
         rf.connect(storage=storage, **options)
-    assert error.value.subject == named and named in str(error.value)
+    assert error.value.field == named and named in str(error.value)
 
 def test_state_without_defaults_is_refused_at_spawn(fleet: rf.Fleet) -> None:
     with pytest.raises(rf.InvalidSpecError) as error:

@@ -313,8 +313,9 @@ def test_replay_dead_letter_and_purge_with_filters(fleet: rf.Fleet, tmp_path: Pa
     assert fleet.replay_dead_letter(letter.id, timeout=60) == 5
     assert letters_of(fleet, identity) == []
     assert ref.call("get")["total"] == 5
-    with pytest.raises(rf.InvalidSpecError):
+    with pytest.raises(rf.UnknownDeadLetterError) as gone:
         fleet.replay_dead_letter(letter.id)  # gone
+    assert gone.value.letter_id == letter.id and "fleet.dead_letters()" in str(gone.value)
 
     # Purge: every given filter must match.
     other = spawn(fleet, "replay/other")

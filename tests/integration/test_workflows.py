@@ -793,7 +793,7 @@ def test_invalid_workflows_are_refused_before_anything_is_dispatched(fleet: rf.F
     wf.step("s1", to="w/1", call="work")
     with pytest.raises(rf.InvalidSpecError) as caught:
         wf.step("s1", to="w/1", call="work")
-    assert caught.value.subject == "s1" and "s1" in str(caught.value)
+    assert caught.value.field == "s1" and "s1" in str(caught.value)
 
     for case, build, culprit in _invalid_workflows():
         wf = rf.Workflow("bad")
@@ -801,10 +801,26 @@ def test_invalid_workflows_are_refused_before_anything_is_dispatched(fleet: rf.F
         for start in (fleet.run, fleet.submit):
             with pytest.raises(rf.InvalidSpecError) as caught:
                 start(wf)
-            assert caught.value.subject == culprit, case
+            assert caught.value.field == culprit, case
             assert culprit in str(caught.value), case
     assert report(fleet, "w/1")["calls"] == 0
     assert fleet.runs.list_runs() == []
+
+
+@pytest.mark.timeout(180)
+def test_unknown_runs_and_a_blocking_run_in_an_event_loop_raise_precise_errors(fleet: rf.Fleet) -> None:
+    for call in (fleet.runs.get, fleet.runs.wait, fleet.runs.cancel, fleet.runs.pause, fleet.runs.resume):
+        with pytest.raises(rf.UnknownRunError) as caught:
+            call("no-such-run")
+        assert caught.value.run_id == "no-such-run" and "fleet.runs.list_runs()" in str(caught.value), call
+        assert isinstance(caught.value, rf.WorkflowError) and isinstance(caught.value, KeyError)
+
+    async def inside_a_loop() -> None:
+        fleet.run(rf.Workflow("never"))
+
+    with pytest.raises(rf.UsageError, match="run_async") as misuse:
+        asyncio.run(inside_a_loop())
+    assert misuse.value.api == "fleet.run()" and isinstance(misuse.value, RuntimeError)
 
 
 @pytest.mark.timeout(180)
@@ -816,7 +832,7 @@ def test_submit_refuses_an_unpicklable_payload_builder(fleet: rf.Fleet) -> None:
     wf.step("s2", to="w/2", call="work", after=["s1"], payload=lambda ctx: {"tag": "s2" if lock else "?"})
     with pytest.raises(rf.InvalidSpecError) as caught:
         fleet.submit(wf)
-    assert caught.value.subject == "s2" and "pickled" in str(caught.value)
+    assert caught.value.field == "s2" and "pickled" in str(caught.value)
     assert fleet.runs.list_runs() == []
     assert report(fleet, "w/1")["calls"] == 0
     # In-process, nothing needs pickling: the same workflow runs.
@@ -918,7 +934,7 @@ def test_resuming_under_a_different_code_version_needs_force(fleet: rf.Fleet, tm
     assert changed.code_version() != first.code_version()
     with pytest.raises(rf.InvalidSpecError) as caught:
         fleet.run(changed, run_id=run_id)
-    assert "code version" in str(caught.value) and caught.value.subject == "code_version"
+    assert "code version" in str(caught.value) and caught.value.field == "code_version"
     assert report(fleet, "w/3")["calls"] == 0
     assert fleet.runs.get(run_id).code_version == first.code_version()
 

@@ -23,6 +23,9 @@ EXPECTED_NAMES = {
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
     "ApplyReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",
+    "DeliveryError", "IdentityError", "InternalError", "ModelError", "ModelRequestError", "ModelResponseError",
+    "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
+    "WorkflowError",
 }
 
 
@@ -37,6 +40,7 @@ def test_every_error_is_a_rayfleet_error() -> None:
     assert all(issubclass(error, rf.RayfleetError) for error in errors)
     assert issubclass(rf.InvalidSpecError, ValueError)
     assert issubclass(rf.DeadlineExceededError, TimeoutError)
+    assert issubclass(rf.Retryable, rf.RayfleetError)
 
 
 @pytest.mark.parametrize(
@@ -52,10 +56,20 @@ def test_every_error_is_a_rayfleet_error() -> None:
         rf.InvalidArgumentsError(identity="a", method="m", detail="n: missing"),
         rf.UnknownHandlerError(identity="a", method="m", available=("add",)),
         rf.SnapshotError(identity="a", location="f#0", detail="missing"),
-        rf.InvalidSpecError("bad", subject="identity"),
+        rf.InvalidSpecError("bad", field="identity"),
         rf.DeadlineExceededError(identity="a", method="m", timeout=1.0),
         rf.BudgetExceededError(budget="tokens", ceiling=10, spent=12),
         rf.NotWiredError(sender="a", target="b"),
+        rf.NotInAgentContextError(attribute="identity"),
+        rf.UsageError("fleet.run() cannot run here", api="fleet.run()"),
+        rf.UnknownDeadLetterError(letter_id=7),
+        rf.UnknownRunError(run_id="r-1"),
+        rf.ModelRequestError(url="http://h/v1/chat/completions", status=400, body_excerpt="bad"),
+        rf.ModelResponseError(url="http://h/v1/chat/completions", detail="chat response is not JSON"),
+        rf.ModelTimeoutError(url="http://h/v1/chat/completions", timeout=2.0),
+        rf.ModelUnavailableError(url="http://h/v1/chat/completions", attempts=3, last_failure="HTTP 503"),
+        rf.InternalError(detail="x"),
+        rf.Retryable("busy"),
     ],
 )
 def test_errors_round_trip_through_pickle(error: rf.RayfleetError) -> None:

@@ -134,7 +134,7 @@ def test_register_with_different_fingerprint_raises_invalid_spec(ledger):
     register(ledger)
     with pytest.raises(InvalidSpecError) as info:
         register(ledger, fingerprint="f2")
-    assert info.value.subject == "spec"
+    assert info.value.field == "spec"
     assert ledger.resolve(["a"])["a"].fingerprint == "f1"
 
 
@@ -862,7 +862,7 @@ def test_set_host_draining(ledger):
         (StaleCheckpointVersionError(identity="a", presented=2, current=2), {"identity": "a", "presented": 2, "current": 2}),
         (LeaseLostError(identity="a", detail="gone"), {"identity": "a", "detail": "gone"}),
         (UnknownIdentityError(identity="a"), {"identity": "a"}),
-        (InvalidSpecError("bad", subject="spec"), {"subject": "spec"}),
+        (InvalidSpecError("bad", field="spec"), {"field": "spec"}),
     ],
 )
 def test_errors_round_trip_through_pickle(error, attributes):

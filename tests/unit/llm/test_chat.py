@@ -7,6 +7,7 @@ behaviour each test scripts request by request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import socket
@@ -17,7 +18,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from rayfleet.errors import DeadlineExceededError, InvalidSpecError, RayfleetError
+from rayfleet.errors import (
+    InvalidSpecError,
+    ModelError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelTimeoutError,
+    ModelUnavailableError,
+    RayfleetError,
+)
 from rayfleet.identity._agent import Reply, Usage
 from rayfleet.llm import _chat
 from rayfleet.llm._chat import (
@@ -114,7 +123,7 @@ async def server() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     # Same exponential schedule, shorter steps, so retry tests stay quick.
-    monkeypatch.setattr(_chat, "_BACKOFF_BASE", 0.01)
+    monkeypatch.setattr(_chat, "CHAT_RETRY", dataclasses.replace(_chat.CHAT_RETRY, base_delay=0.01))
 
 
 # --------------------------------------------------------------------------- the HTTP client
@@ -179,11 +188,13 @@ async def test_429_is_retried(server: FakeOpenAI) -> None:
 async def test_retries_are_bounded_by_max_retries(server: FakeOpenAI) -> None:
     server.plan = [status(500, "overloaded"), status(502, "bad gateway"), status(503, "still down")]
     async with ChatClient(server.base_url, model="m", max_retries=1) as client:
-        with pytest.raises(RayfleetError) as caught:
+        with pytest.raises(ModelUnavailableError) as caught:
             await client.chat([{"role": "user", "content": "x"}])
     assert len(server.requests) == 2
     assert "502" in str(caught.value) and "bad gateway" in str(caught.value)
     assert "2 attempt" in str(caught.value)
+    assert caught.value.attempts == 2 and caught.value.url == client.url
+    assert "raise max_retries" in str(caught.value)
 
 
 async def test_400_is_not_retried_and_names_status_and_body(server: FakeOpenAI) -> None:
@@ -191,16 +202,18 @@ async def test_400_is_not_retried_and_names_status_and_body(server: FakeOpenAI) 
     async with ChatClient(server.base_url, model="m", max_retries=3) as client:
         with pytest.raises(RayfleetError) as caught:
             await client.chat([{"role": "user", "content": "x"}], frobnicate=True)
-    assert type(caught.value) is RayfleetError
+    assert type(caught.value) is ModelRequestError
     assert "HTTP 400" in str(caught.value)
     assert "unknown parameter: frobnicate" in str(caught.value)
+    assert caught.value.status == 400 and "frobnicate" in caught.value.body_excerpt
+    assert caught.value.url == client.url and "Check the api key" in str(caught.value)
     assert len(server.requests) == 1
 
 
 async def test_401_is_not_retried(server: FakeOpenAI) -> None:
     server.plan = [status(401, "invalid api key")]
     async with ChatClient(server.base_url, model="m", api_key="wrong") as client:
-        with pytest.raises(RayfleetError, match="HTTP 401"):
+        with pytest.raises(ModelRequestError, match="HTTP 401"):
             await client.chat([{"role": "user", "content": "x"}])
     assert len(server.requests) == 1
 
@@ -218,25 +231,29 @@ async def test_401_is_not_retried(server: FakeOpenAI) -> None:
          "usage.prompt_tokens"),
     ],
 )
-async def test_malformed_response_is_invalid_spec_naming_what_is_missing(
+async def test_malformed_response_is_a_model_response_error_naming_what_is_missing(
     server: FakeOpenAI, body: str, named: str
 ) -> None:
     server.plan = [raw_body(body)]
     async with ChatClient(server.base_url, model="m") as client:
-        with pytest.raises(InvalidSpecError, match=re.escape(named)) as caught:
+        with pytest.raises(ModelResponseError, match=re.escape(named)) as caught:
             await client.chat([{"role": "user", "content": "x"}])
-    assert caught.value.subject == "response"
+    assert not isinstance(caught.value, InvalidSpecError)  # the server's fault, not the caller's spec
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.url == client.url and named in caught.value.detail
+    assert "OpenAI chat completions API" in str(caught.value)
     assert len(server.requests) == 1  # a malformed answer is not retried
 
 
-async def test_timeout_raises_deadline_exceeded_and_is_not_retried(server: FakeOpenAI) -> None:
+async def test_timeout_raises_model_timeout_and_is_not_retried(server: FakeOpenAI) -> None:
     server.plan = [slow(1.0)]
     async with ChatClient(server.base_url, model="m", timeout=0.2, max_retries=2) as client:
-        with pytest.raises(DeadlineExceededError) as caught:
+        with pytest.raises(ModelTimeoutError) as caught:
             await client.chat([{"role": "user", "content": "x"}])
-    assert isinstance(caught.value, TimeoutError)
+    assert isinstance(caught.value, TimeoutError) and isinstance(caught.value, ModelError)
     assert caught.value.timeout == 0.2
-    assert caught.value.identity == client.url
+    assert caught.value.url == client.url
+    assert "timeout=" in str(caught.value) and "fleet.status" not in str(caught.value)
     assert len(server.requests) == 1
 
 
@@ -246,14 +263,14 @@ async def test_connection_errors_are_retried_then_reported() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     async with ChatClient(f"http://127.0.0.1:{port}/v1", model="m", max_retries=1) as client:
-        with pytest.raises(RayfleetError, match="connection failed") as caught:
+        with pytest.raises(ModelUnavailableError, match="connection failed") as caught:
             await client.chat([{"role": "user", "content": "x"}])
     assert "2 attempt" in str(caught.value)
     assert caught.value.__cause__ is not None
 
 
 @pytest.mark.parametrize(
-    ("args", "options", "subject"),
+    ("args", "options", "field"),
     [
         (("127.0.0.1:8000/v1",), {"model": "m"}, "base_url"),
         (("ftp://host/v1",), {"model": "m"}, "base_url"),
@@ -267,15 +284,15 @@ async def test_connection_errors_are_retried_then_reported() -> None:
     ],
 )
 def test_bad_options_are_refused_on_construction(args: tuple[Any, ...], options: dict[str, Any],
-                                                 subject: str) -> None:
+                                                 field: str) -> None:
     with pytest.raises(InvalidSpecError) as caught:
         ChatClient(*args, **options)
-    assert caught.value.subject == subject
-    assert subject in str(caught.value)
+    assert caught.value.field == field
+    assert field in str(caught.value)
 
 
 @pytest.mark.parametrize(
-    ("messages", "params", "subject"),
+    ("messages", "params", "field"),
     [
         ([], {}, "messages"),
         ("hello", {}, "messages"),
@@ -289,12 +306,12 @@ def test_bad_options_are_refused_on_construction(args: tuple[Any, ...], options:
     ],
 )
 async def test_bad_messages_and_params_are_refused_before_sending(
-    server: FakeOpenAI, messages: Any, params: dict[str, Any], subject: str
+    server: FakeOpenAI, messages: Any, params: dict[str, Any], field: str
 ) -> None:
     async with ChatClient(server.base_url, model="m") as client:
         with pytest.raises(InvalidSpecError) as caught:
             await client.chat(messages, **params)
-    assert caught.value.subject == subject
+    assert caught.value.field == field
     assert server.requests == []
 
 
@@ -384,7 +401,7 @@ async def test_scripted_model_usage_arithmetic() -> None:
 
 
 @pytest.mark.parametrize(
-    ("replies", "options", "subject"),
+    ("replies", "options", "field"),
     [
         ([], {}, "replies"),
         ("just one", {}, "replies"),
@@ -393,10 +410,10 @@ async def test_scripted_model_usage_arithmetic() -> None:
         (["ok"], {"tokens_per_word": True}, "tokens_per_word"),
     ],
 )
-def test_scripted_model_bad_options(replies: Any, options: dict[str, Any], subject: str) -> None:
+def test_scripted_model_bad_options(replies: Any, options: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidSpecError) as caught:
         ScriptedModel(replies, **options)
-    assert caught.value.subject == subject
+    assert caught.value.field == field
 
 
 async def test_scripted_model_refuses_empty_messages() -> None:

@@ -153,7 +153,7 @@ def test_bad_field_value_is_wrapped(tmp_path: Path) -> None:
     path = write(tmp_path, f"agents:\n  - identity: a\n    agent: {COUNTER}\n    durability: SOMETIMES\n")
     with pytest.raises(InvalidSpecError, match=r"line 2 \(identity 'a'\).*durability 'SOMETIMES'") as caught:
         load_roster(path)
-    assert getattr(caught.value, "subject", None) == "durability"
+    assert caught.value.field == "durability"
 
 
 def test_missing_file_and_bad_source(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_numbers_reach_the_spec_as_written() -> None:
     with pytest.raises(InvalidSpecError, match=r"line 2 \(identity 'a'\): dedup_capacity '5': "
                                                r"Input should be a valid integer") as caught:
         load_roster(f"agents:\n  - identity: a\n    agent: {COUNTER}\n    dedup_capacity: '5'\n")
-    assert getattr(caught.value, "subject", None) == "dedup_capacity"
+    assert caught.value.field == "dedup_capacity"
 
 
 def test_wrong_types_and_nested_unknown_keys_name_the_field(tmp_path: Path) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayfleet.errors import InvalidSpecError
 from rayfleet.topology import Edge, ReconcileReport, plan_reconcile
-from rayfleet.topology._reconcile import apply_plan_to, backoff_delays
+from rayfleet.topology._reconcile import apply_plan_to
 
 AB, AC, BC, CD = Edge.of("a", "b"), Edge.of("a", "c"), Edge.of("b", "c"), Edge.of("c", "d")
 ALL = frozenset({"a", "b", "c", "d"})
@@ -75,16 +73,6 @@ def test_report_from_plan_is_sorted_and_reports_change() -> None:
     assert report.wired == (AB, BC) and report.forgotten == (CD,) and report.failures == ("unwire c -- d: boom",)
     assert report.changed
     assert not ReconcileReport().changed
-
-
-def test_backoff_delays_are_capped_exponential() -> None:
-    assert backoff_delays(0) == []
-    assert backoff_delays(4, base=0.5, cap=2.0) == [0.5, 1.0, 2.0, 2.0]
-    assert backoff_delays(3) == pytest.approx([0.05, 0.1, 0.2])
-    with pytest.raises(InvalidSpecError):
-        backoff_delays(-1)
-    with pytest.raises(InvalidSpecError):
-        backoff_delays(2, base=1.0, cap=0.5)
 
 
 IDS = ["a", "b", "c", "d"]
