@@ -45,11 +45,11 @@ from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
 from .host._runtime import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
-from .identity._agent import Reply as Reply
-from .identity._agent import State as State
-from .identity._agent import Usage as Usage
-from .identity._agent import handler as handler
-from .identity._spec import AgentSpec as AgentSpec
+from .identity._agent import AgentSpec as AgentSpec
+from .identity._handlers import Reply as Reply
+from .identity._handlers import State as State
+from .identity._handlers import Usage as Usage
+from .identity._handlers import handler as handler
 from .identity._values import Addressability as Addressability
 from .identity._values import ContinuityRecord as ContinuityRecord
 from .identity._values import Durability as Durability

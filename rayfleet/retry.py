@@ -60,7 +60,7 @@ class RetryPolicy:
         """
         raw = min(self.base_delay * 2 ** min(attempt, _MAX_DOUBLINGS), self.max_delay)
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
-        return min(raw * spread, self.max_delay)
+        return float(min(raw * spread, self.max_delay))
 
     def delays(self, *, rng: random.Random | None = None) -> Iterator[float]:
         """The waits between attempts, in order: ``max_attempts - 1`` of them.

@@ -8,9 +8,9 @@ import json
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Union, cast, get_args, get_origin
 
 import cloudpickle
 import pyarrow as pa
@@ -101,7 +101,7 @@ def _compile_sequence(container: type, item_type: Any, seen: frozenset[type]) ->
     def encode(value: Any) -> Any:
         if type(value) is not container:
             raise _Unencodable
-        return [enc(element) for element in value]
+        return [enc(element) for element in cast("Iterable[Any]", value)]
 
     def decode(value: Any) -> Any:
         return container(dec(element) for element in value) if isinstance(value, list) else value

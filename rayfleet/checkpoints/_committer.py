@@ -96,7 +96,7 @@ class GroupCommitter:
             rows = [SnapshotRow(identity=i.identity, version=i.version, state=i.state, extra=i.extra) for i in items]
             try:
                 path = self._snapshots.write_batch(group=_group_name(state_class), writer=self._writer, rows=rows)
-            except Exception as error:  # storage failure: fail these checkpoints, keep the host alive
+            except Exception as error:  # noqa: BLE001 - any storage failure fails these checkpoints, not the host
                 for item in items:
                     item.done.set_exception(error)
                 continue
@@ -111,7 +111,7 @@ class GroupCommitter:
             return
         try:
             outcomes = await self._ledger.commit_checkpoints(commits)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a lost ledger reply fails the batch; each waiter gets it
             for item in written:
                 if not item.done.done():
                     item.done.set_exception(error)

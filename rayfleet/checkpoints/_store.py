@@ -227,7 +227,8 @@ class SnapshotStore:
         return [info for info in self._fs.get_file_info(selector) if info.type == pafs.FileType.File]
 
     def _relative(self, info: pafs.FileInfo) -> str:
-        return info.path[len(self._root.rstrip("/")) + 1 :]
+        path: str = info.path
+        return path[len(self._root.rstrip("/")) + 1 :]
 
     def list_files(self) -> list[str]:
         """Relative paths of every published ``.arrow`` file under ``snapshots/``, sorted."""

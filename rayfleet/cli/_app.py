@@ -16,7 +16,8 @@ from ..roster import roster_json_schema
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfleet", description="Durable, identity-first agents on Ray.")
     parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
-    parser.add_argument("--storage", default=None, help="storage folder or URI (default: RAYFLEET_STORAGE or ./.rayfleet)")
+    parser.add_argument("--storage", default=None,
+                        help="storage folder or URI (default: RAYFLEET_STORAGE or ./.rayfleet)")
     parser.add_argument("--namespace", default="rayfleet", help="Ray namespace of the fleet (default: rayfleet)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run the end-to-end demo on a local, embedded fleet")

@@ -57,9 +57,11 @@ def run_demo(*, storage: str | None = None, address: str | None = None, say: Cal
         except InvalidStateError as error:
             refused = str(error).split(".")[0]
         fleet.respawn("counter/bob")
-        say(f"6. Retired counter/bob: a call was refused ({refused}). Respawned it: it holds {bob.call(Counter.get)} again.")
+        say(f"6. Retired counter/bob: a call was refused ({refused}). "
+            f"Respawned it: it holds {bob.call(Counter.get)} again.")
         fleet.reset("notes/ops")
-        say(f"7. Reset notes/ops: generation {fleet.status('notes/ops').generation}, fresh notes {notes.call(Notebook.read)}.")
+        generation = fleet.status("notes/ops").generation
+        say(f"7. Reset notes/ops: generation {generation}, fresh notes {notes.call(Notebook.read)}.")
         saga_ok = _trip_saga(fleet, say)
         ok = after_total == 6 and token_after > token_before and bob.call(Counter.get) == 40 and saga_ok
         say(f"Demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f}s: state survived a host "

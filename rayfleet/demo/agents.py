@@ -17,11 +17,13 @@ class Counter(rf.Agent):
     @rf.handler
     async def add(self, n: int) -> int:
         self.state.total += n
-        return self.state.total
+        total: int = self.state.total
+        return total
 
     @rf.handler
     async def get(self) -> int:
-        return self.state.total
+        total: int = self.state.total
+        return total
 
 
 class Notebook(rf.Agent):
@@ -100,7 +102,8 @@ class Booking(rf.Agent):
 
     @rf.handler
     async def report(self) -> dict[str, object]:
-        return self.state.model_dump()
+        report: dict[str, object] = self.state.model_dump()
+        return report
 
 
 class Reviewer(rf.Agent):

@@ -62,7 +62,8 @@ from ..errors import (
     UnknownHandlerError,
     is_retryable,
 )
-from ..identity._agent import HandlerInfo, Reply, Usage, run_handler
+from ..identity._agent import run_handler
+from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
 from ._hosted import HostedAgent, TurnResult
 from ._messages import DeadLetterReason, Envelope
@@ -210,7 +211,9 @@ class Delivery:
             raise NotAddressableError(identity=identity)
         return entry
 
-    async def _turn(self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]) -> TurnResult:
+    async def _turn(
+        self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]
+    ) -> TurnResult:
         """The gates after pause, then the handler, the commit and the reply (caller holds the turn lock)."""
         await self._check_fence(entry, envelope)
         key = envelope.dedup_key()

@@ -14,8 +14,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..identity._agent import Agent, Usage
-from ..identity._spec import AgentSpec
+from ..identity._agent import Agent, AgentSpec
+from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
 from ._messages import DedupWindow, FenceMap
 

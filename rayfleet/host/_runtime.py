@@ -77,7 +77,7 @@ from ..errors import (
     StaleFencingTokenError,
     UnknownIdentityError,
 )
-from ..identity._spec import AgentSpec
+from ..identity._agent import AgentSpec
 from ..identity._values import (
     PERSISTED_BROKEN,
     PERSISTED_LIVE,

@@ -1,183 +1,29 @@
-"""What users subclass: ``Agent``, its pydantic ``State``, and the ``@handler`` decorator.
+"""What users subclass and declare: ``Agent`` and ``AgentSpec``, the description of one identity.
 
 An agent class is checked when it is defined: its ``State`` must be an ``rf.State``
-that builds from defaults, and each handler's parameters become a pydantic model so
-arguments are validated before the handler runs, not halfway through it.
+that builds from defaults and its handlers must bind. An ``AgentSpec`` is checked when
+it is built, so a bad identity, class or option never reaches the ledger. The two live
+together because each refers to the other: a spec names an agent class, and a hosted
+agent reads its spec.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
-import inspect
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+import json
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
 
 import pydantic
 
-from ..errors import InvalidArgumentsError, InvalidSpecError, NotInAgentContextError
-
-if TYPE_CHECKING:
-    from ._spec import AgentSpec
-
-
-class State(pydantic.BaseModel):
-    """Base class of an agent's durable state.
-
-    Assignments are validated (``self.state.total = "x"`` raises at once), and
-    unknown fields are refused, so a checkpoint always holds a valid State.
-    """
-
-    model_config = pydantic.ConfigDict(validate_assignment=True, extra="forbid", arbitrary_types_allowed=True)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Usage:
-    """Token usage a handler reports, fed into workflow budgets."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """A handler's return value together with the token usage it cost."""
-
-    value: Any
-    usage: Usage = field(default_factory=Usage)
-
-
-HandlerFunction = TypeVar("HandlerFunction", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HandlerInfo:
-    """How the host calls one handler (built once per class, at definition time)."""
-
-    name: str
-    function: Callable[..., Any]
-    signature: inspect.Signature
-    arguments_model: type[pydantic.BaseModel]
-    is_coroutine: bool
-    in_thread: bool
-    extra_keywords: str | None = None
-    """Name of the handler's ``**kwargs`` parameter, if it takes one (extras pass unvalidated)."""
-
-    def bind(self, identity: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate call arguments; return the keyword arguments to call with.
-
-        Raises:
-            InvalidArgumentsError: when the arguments do not fit the signature or types.
-        """
-        try:
-            bound = self.signature.bind(None, *args, **kwargs)
-        except TypeError as error:
-            raise InvalidArgumentsError(identity=identity, method=self.name, detail=str(error)) from None
-        given = {name: value for name, value in bound.arguments.items() if name != "self"}
-        extras = given.pop(self.extra_keywords, {}) if self.extra_keywords else {}
-        try:
-            validated = self.arguments_model(**given)
-        except pydantic.ValidationError as error:
-            detail = "; ".join(
-                f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
-            )
-            raise InvalidArgumentsError(identity=identity, method=self.name, detail=detail) from None
-        return {**{name: getattr(validated, name) for name in given}, **extras}
-
-
-def handler(function: HandlerFunction | None = None, *, thread: bool = False) -> Any:
-    """Mark an agent method as a handler that messages can call.
-
-    One handler runs at a time per identity. Prefer ``async def`` handlers that
-    ``await`` their I/O; a blocking handler stalls every agent on its host, so mark
-    it ``@rf.handler(thread=True)`` to run it in a worker thread instead.
-
-    Raises:
-        InvalidSpecError: at decoration time, if ``thread=True`` is used on an
-            ``async def`` or the target is not a function.
-    """
-
-    def mark(target: HandlerFunction) -> HandlerFunction:
-        if not inspect.isfunction(target):
-            raise InvalidSpecError(f"@rf.handler must decorate a function, got {target!r}", field="handler")
-        if thread and inspect.iscoroutinefunction(target):
-            raise InvalidSpecError(
-                f"handler {target.__qualname__} is async; thread=True is for blocking def handlers only",
-                field="handler",
-            )
-        target.__rayfleet_handler__ = {"thread": thread}  # type: ignore[attr-defined]
-        return target
-
-    if function is not None:
-        return mark(function)
-    return mark
-
-
-def handler_name(method: str | Callable[..., Any]) -> str:
-    """The name a message uses for ``method``: a handler's name, or a ``@rf.handler`` function itself.
-
-    Passing the function (``ref.call(Counter.add, n=1)``) lets a type checker and an
-    editor see which handler is meant; the message still carries only its name.
-
-    Raises:
-        InvalidSpecError: ``method`` is neither a string nor a ``@rf.handler`` function.
-    """
-    if isinstance(method, str):
-        return method
-    if callable(method) and hasattr(method, "__rayfleet_handler__"):
-        return str(method.__name__)
-    raise InvalidSpecError(
-        f"method must be a handler name or a @rf.handler function (e.g. MyAgent.add), got {method!r}",
-        field="method",
-    )
-
-
-def _build_handler_info(name: str, function: Callable[..., Any], thread: bool) -> HandlerInfo:
-    signature = inspect.signature(function)
-    fields: dict[str, Any] = {}
-    hints = _resolved_hints(function)
-    extra_keywords = None
-    for parameter in list(signature.parameters.values())[1:]:
-        if parameter.kind is parameter.VAR_KEYWORD:
-            extra_keywords = parameter.name
-            continue
-        if parameter.kind is parameter.VAR_POSITIONAL:
-            raise InvalidSpecError(
-                f"handler {function.__qualname__} takes *{parameter.name}; handlers take named parameters "
-                f"(and optionally **kwargs) only",
-                field="handler",
-            )
-        annotation = hints.get(parameter.name, Any)
-        default = ... if parameter.default is parameter.empty else parameter.default
-        fields[parameter.name] = (annotation, default)
-    model = pydantic.create_model(  # type: ignore[call-overload]
-        f"{function.__qualname__}.arguments",
-        __config__=pydantic.ConfigDict(arbitrary_types_allowed=True),
-        **fields,
-    )
-    return HandlerInfo(
-        name=name,
-        function=function,
-        signature=signature,
-        arguments_model=model,
-        is_coroutine=inspect.iscoroutinefunction(function),
-        in_thread=thread,
-        extra_keywords=extra_keywords,
-    )
-
-
-def _resolved_hints(function: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        import typing
-
-        return typing.get_type_hints(function)
-    except Exception:  # an unresolvable forward reference: validate as Any rather than refuse
-        return {}
+from ..errors import InvalidSpecError, NotInAgentContextError
+from ..retry import RetryPolicy
+from ._handlers import HandlerInfo, State, build_handler_info
+from ._names import validate_identity
+from ._values import DEFAULT_DEDUP_CAPACITY, Addressability, Durability, TopologyPolicy
 
 
 class AgentContext(Protocol):
@@ -230,7 +76,7 @@ class Agent:
         for name, member in cls.__dict__.items():
             marker = getattr(member, "__rayfleet_handler__", None)
             if marker is not None:
-                handlers[name] = _build_handler_info(name, member, marker["thread"])
+                handlers[name] = build_handler_info(name, member, marker["thread"])
         cls.__rayfleet_handlers__ = handlers
 
     def __init__(self) -> None:
@@ -338,3 +184,157 @@ async def run_handler(info: HandlerInfo, agent: Agent, kwargs: dict[str, Any]) -
     if info.in_thread:
         return await asyncio.to_thread(info.function, agent, **kwargs)
     return info.function(agent, **kwargs)
+
+
+_LABEL_TEXT = (str, int, float, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSpec:
+    """The declaration of one agent: who it is, what class runs it, how it is reached.
+
+    Validated on construction; a bad field raises :class:`~rayfleet.InvalidSpecError`
+    naming the field and the fix, before anything is written.
+    """
+
+    identity: str
+    """Stable name, e.g. ``orders/eu-1``."""
+    agent: type[Agent] | str
+    """The agent class, or its import path ``"pkg.module:Class"``."""
+    addressability: Addressability = Addressability.ADDRESSABLE
+    """``INTERNAL_ONLY`` agents refuse messages from outside the fleet."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Capabilities, used by ``fleet.list_agents(labels=...)`` and workflow selectors."""
+    peers: tuple[str, ...] = ()
+    """Identities this agent is wired to."""
+    topology: TopologyPolicy = TopologyPolicy.OPEN
+    """``enforced`` refuses sends to identities that are not wired peers."""
+    durability: Durability = Durability.EVERY_TURN
+    """When State is committed (default: after every turn, before the reply)."""
+    checkpoint_interval: float = 1.0
+    """Seconds between commits under ``PERIODIC`` durability."""
+    display_name: str = ""
+    context: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form application context, handed to the agent as ``self.spec.context``."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """How a handler that raises a retryable error is retried (5 attempts, 200 ms base)."""
+    dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
+    """How many idempotency keys (and their replies) the agent remembers, oldest evicted first."""
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__
+        set_field(self, "identity", validate_identity(self.identity))
+        if isinstance(self.agent, str):
+            resolve_agent_class(self.agent)
+        elif not (isinstance(self.agent, type) and issubclass(self.agent, Agent)) or self.agent is Agent:
+            raise InvalidSpecError(
+                f"spec for {self.identity!r}: agent must be an rf.Agent subclass or a 'pkg.module:Class' path, "
+                f"got {self.agent!r}",
+                field="agent",
+            )
+        else:
+            resolve_agent_class(self.agent)
+        set_field(self, "addressability", _enum(Addressability, self.addressability, "addressability", self.identity))
+        set_field(self, "topology", _enum(TopologyPolicy, self.topology, "topology", self.identity))
+        set_field(self, "durability", _enum(Durability, self.durability, "durability", self.identity))
+        set_field(self, "labels", _labels(self.labels, self.identity))
+        set_field(self, "peers", _peers(self.peers, self.identity))
+        if not isinstance(self.checkpoint_interval, (int, float)) or self.checkpoint_interval <= 0:
+            raise InvalidSpecError(
+                f"spec for {self.identity!r}: checkpoint_interval must be a positive number of seconds, "
+                f"got {self.checkpoint_interval!r}",
+                field="checkpoint_interval",
+            )
+        if not isinstance(self.display_name, str):
+            raise InvalidSpecError(f"spec for {self.identity!r}: display_name must be a string", field="display_name")
+        if not isinstance(self.context, Mapping):
+            raise InvalidSpecError(f"spec for {self.identity!r}: context must be a mapping", field="context")
+        set_field(self, "context", dict(self.context))
+        if not isinstance(self.retry, RetryPolicy):
+            raise InvalidSpecError(f"spec for {self.identity!r}: retry must be an rf.RetryPolicy, got {self.retry!r}",
+                                   field="retry")
+        if not isinstance(self.dedup_capacity, int) or self.dedup_capacity < 1:
+            raise InvalidSpecError(
+                f"spec for {self.identity!r}: dedup_capacity must be a positive integer, got {self.dedup_capacity!r}",
+                field="dedup_capacity",
+            )
+
+    @property
+    def agent_class(self) -> type[Agent]:
+        """The resolved agent class (imports it when the spec names a path)."""
+        return resolve_agent_class(self.agent)
+
+    @property
+    def agent_class_path(self) -> str:
+        return self.agent if isinstance(self.agent, str) else agent_class_path(self.agent)
+
+    def fingerprint(self) -> str:
+        """A digest of every field; two specs with equal fingerprints declare the same agent."""
+        body = {
+            "identity": self.identity,
+            "agent": self.agent_class_path,
+            "addressability": self.addressability.value,
+            "labels": sorted(self.labels.items()),
+            "peers": sorted(self.peers),
+            "topology": self.topology.value,
+            "durability": self.durability.value,
+            "checkpoint_interval": self.checkpoint_interval,
+            "display_name": self.display_name,
+            "context": repr(sorted(self.context.items(), key=lambda item: item[0])),
+            "retry": repr(self.retry),
+            "dedup_capacity": self.dedup_capacity,
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+
+    def differences(self, other: AgentSpec) -> list[str]:
+        """Names of the fields in which ``other`` declares something different."""
+        names = []
+        for name in ("addressability", "labels", "peers", "topology", "durability", "checkpoint_interval",
+                     "display_name", "context", "retry", "dedup_capacity"):
+            if getattr(self, name) != getattr(other, name):
+                names.append(name)
+        if self.agent_class_path != other.agent_class_path:
+            names.insert(0, "agent")
+        return names
+
+    def with_changes(self, **changes: Any) -> AgentSpec:
+        return replace(self, **changes)
+
+
+def _enum(kind: type[Any], value: object, name: str, identity: str) -> Any:
+    try:
+        return kind(value.value if isinstance(value, kind) else value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise InvalidSpecError(
+            f"spec for {identity!r}: {name} {value!r} is not one of {allowed}", field=name
+        ) from None
+
+
+def _labels(labels: object, identity: str) -> dict[str, str]:
+    if not isinstance(labels, Mapping):
+        raise InvalidSpecError(
+            f"spec for {identity!r}: labels must be a mapping such as {{'role': 'reviewer'}}, got {labels!r}",
+            field="labels",
+        )
+    clean: dict[str, str] = {}
+    for key, value in labels.items():
+        if not isinstance(key, str) or not key or not isinstance(value, _LABEL_TEXT):
+            raise InvalidSpecError(
+                f"spec for {identity!r}: label {key!r}={value!r} must map a non-empty string to a string",
+                field="labels",
+            )
+        clean[key] = str(value)
+    return clean
+
+
+def _peers(peers: object, identity: str) -> tuple[str, ...]:
+    if isinstance(peers, str) or not isinstance(peers, Iterable):
+        raise InvalidSpecError(f"spec for {identity!r}: peers must be a list of identities", field="peers")
+    result = []
+    for peer in peers:
+        peer = validate_identity(peer)
+        if peer == identity:
+            raise InvalidSpecError(f"spec for {identity!r}: an agent cannot be its own peer", field="peers")
+        result.append(peer)
+    return tuple(sorted(set(result)))

@@ -61,7 +61,7 @@ class Completed(Generic[T]):
 def _run(operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Completed[T]:
     try:
         return Completed(operation(*args, **kwargs))
-    except Exception as error:  # handed to the awaiting caller, exactly as a remote ledger would raise it
+    except Exception as error:  # noqa: BLE001 - handed to the awaiting caller, as a remote ledger would raise it
         return Completed(error=error)
 
 

@@ -118,7 +118,7 @@ def purge_dead_letters(
 
 
 def drop(tx: Transaction, identity: str, now: float) -> None:
-    """Forget the pause flag; parked work of an identity that is going away can never run, so keep it as dead letters."""
+    """Forget the pause flag, and keep parked work as dead letters: it can never run once the identity is gone."""
     tx.execute("DELETE FROM paused WHERE identity = ?", (identity,))
     bury_parked(tx, identity, reason="DELETED", error="identity deleted while the message was parked", now=now)
 

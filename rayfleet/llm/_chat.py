@@ -19,7 +19,7 @@ from ..errors import (
     ModelTimeoutError,
     ModelUnavailableError,
 )
-from ..identity._agent import Reply, Usage
+from ..identity._handlers import Reply, Usage
 from ..retry import RetryPolicy, retry_async
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import InvalidSpecError
-from ..identity._agent import Usage
+from ..identity._handlers import Usage
 from ._chat import ChatMessage, ChatReply, coerce_messages
 
 

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import ray
@@ -22,14 +22,12 @@ from ..errors import (
     InvalidSpecError,
     RayfleetError,
     UnknownDeadLetterError,
-    UnknownIdentityError,
     UsageError,
 )
 from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
 from ..host._runtime import HostStatistics
-from ..identity._agent import Agent
+from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
-from ..identity._spec import AgentSpec
 from ..identity._values import (
     Addressability,
     Durability,
@@ -144,7 +142,8 @@ class Fleet:
             self._started_ray = config.address is None
         self.storage = _absolute_storage(config.storage)
         self.ledger_path = config.ledger_path or _default_ledger_path(self.storage)
-        self._ledger = RayLedgerClient(LedgerActor.options(
+        # ray.remote classes gain .options at run time; their stubs do not say so.
+        self._ledger = RayLedgerClient(LedgerActor.options(  # type: ignore[attr-defined]
             name=LEDGER_ACTOR_NAME, namespace=config.namespace, lifetime="detached", get_if_exists=True
         ).remote(self.ledger_path))
         self._ledger.incarnation().result()
@@ -168,10 +167,11 @@ class Fleet:
         self._courier.refresh_sync()
 
     def _start_host(self, name: str) -> ray.actor.ActorHandle:
-        return AgentHost.options(
+        handle: ray.actor.ActorHandle = AgentHost.options(  # type: ignore[attr-defined]
             name=name, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
             scheduling_strategy="SPREAD",
         ).remote(name, self.config.namespace, self.storage, self.config.lease_ttl, self.config.idle_timeout)
+        return handle
 
     def add_host(self) -> str:
         """Start one more host actor and return its name."""
@@ -246,9 +246,11 @@ class Fleet:
                 raise InvalidSpecError(
                     f"spawn({identity!r}) needs an agent class: fleet.spawn({identity!r}, MyAgent)", field="agent"
                 )
+            # AgentSpec turns enum names given as strings into the enums, and refuses unknown ones.
             spec = AgentSpec(
-                identity=identity, agent=agent, labels=labels or {}, addressability=addressability,
-                peers=tuple(peers), topology=topology, durability=durability,
+                identity=identity, agent=agent, labels=labels or {},
+                addressability=cast(Addressability, addressability), peers=tuple(peers),
+                topology=cast(TopologyPolicy, topology), durability=cast(Durability, durability),
                 checkpoint_interval=checkpoint_interval, display_name=display_name, context=context or {},
                 retry=retry or RetryPolicy(), dedup_capacity=dedup_capacity,
             )
@@ -534,7 +536,7 @@ class Fleet:
             handles = [directory.handle(name) for name in directory.names if name not in directory.dead]
             try:
                 ray.get([handle.shutdown.remote() for handle in handles], timeout=60)
-            except Exception as error:  # a dead host has nothing left to checkpoint
+            except Exception as error:  # noqa: BLE001 - a dead host has nothing left to checkpoint
                 log.warning("host shutdown: %s", error)
             for handle in handles:
                 ray.kill(handle)
@@ -572,7 +574,8 @@ def pickle_spec(spec: AgentSpec) -> bytes:
         location = getattr(module, "__file__", None) or ""
         if module is not None and location and not _is_installed(location):
             cloudpickle.register_pickle_by_value(module)
-    return cloudpickle.dumps(spec)
+    pickled: bytes = cloudpickle.dumps(spec)
+    return pickled
 
 
 def _is_installed(path: str) -> bool:

@@ -154,7 +154,7 @@ class AgentHost:
         async def forward() -> None:
             try:
                 await self.courier.route_async(identity, deliver_request(envelope), method=envelope.method)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - nobody waits for a tell; the owner dead-letters real failures
                 log.warning("tell %s.%s failed: %s", identity, envelope.method, error)
 
         asyncio.get_running_loop().create_task(forward())

@@ -10,7 +10,7 @@ import ray
 
 from ..errors import DeadlineExceededError
 from ..host._messages import Envelope
-from ..identity._agent import handler_name
+from ..identity._handlers import handler_name
 from ..identity._values import IdentityStatus
 from ._routing import Courier, deliver_request, tell_request
 from ._status import status_of
@@ -53,8 +53,8 @@ class AgentRef:
     ) -> Envelope:
         """The message a call sends (``sender`` is empty: the caller is outside the fleet)."""
         return Envelope(
-            target=self.identity, method=handler_name(method), args=args, kwargs=kwargs, idempotency_key=idempotency_key,
-            deadline=deadline, conversation=conversation, fence=fence,
+            target=self.identity, method=handler_name(method), args=args, kwargs=kwargs,
+            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, fence=fence,
         )
 
     def call(
@@ -111,7 +111,9 @@ class AgentRef:
         try:
             return await asyncio.wait_for(work, timeout)
         except asyncio.TimeoutError:
-            raise DeadlineExceededError(identity=self.identity, method=envelope.method, timeout=timeout or 0.0) from None
+            raise DeadlineExceededError(
+                identity=self.identity, method=envelope.method, timeout=timeout or 0.0
+            ) from None
 
     def tell(
         self,

@@ -228,7 +228,7 @@ class Courier:
                 reply = ray.get(pending, timeout=timeout)
             except ray.exceptions.GetTimeoutError:
                 raise
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
                 continue
             done, value = plan.on_reply(name, reply)
@@ -246,7 +246,7 @@ class Courier:
             pending = _submit(handle, request, identity, method)
             try:
                 reply = await pending
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
                 continue
             done, value = plan.on_reply(name, reply)

@@ -9,6 +9,7 @@ runs after it restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import logging
@@ -26,10 +27,9 @@ from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
     RayfleetError,
-    UnknownRunError,
 )
 from ..host._messages import Envelope
-from ..identity._agent import Usage
+from ..identity._handlers import Usage
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
 from ..retry import RetryPolicy
@@ -58,9 +58,10 @@ def encode_output(value: Any) -> bytes:
         except (pa.ArrowException, TypeError, ValueError):
             pass  # e.g. a list of mixed types: Arrow cannot hold it, pickle can
         else:
-            header = cloudpickle.dumps(type(value))
+            header: bytes = cloudpickle.dumps(type(value))
             return b"M" + len(header).to_bytes(8, "big") + header + _ipc(table)
-    return b"P" + cloudpickle.dumps(value)
+    pickled: bytes = cloudpickle.dumps(value)
+    return b"P" + pickled
 
 
 def decode_output(blob: bytes) -> Any:
@@ -164,12 +165,13 @@ async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> Work
 
 def _pickle_outcome(outcome: WorkflowOutcome) -> bytes:
     try:
-        return cloudpickle.dumps(outcome)
-    except Exception:  # an unpicklable output: keep the status and error, drop the outputs
-        return cloudpickle.dumps(WorkflowOutcome(
+        pickled: bytes = cloudpickle.dumps(outcome)
+    except Exception:  # noqa: BLE001 - an unpicklable output: keep the status and error, drop the outputs
+        pickled = cloudpickle.dumps(WorkflowOutcome(
             run_id=outcome.run_id, status=outcome.status, outputs={}, compensated=outcome.compensated,
             error=outcome.error, usage_tokens=outcome.usage_tokens, invocations=outcome.invocations,
         ))
+    return pickled
 
 
 # -- submitted runs -------------------------------------------------------------------
@@ -242,9 +244,11 @@ class RunnerClient:
         self.namespace = namespace
 
     def handle(self) -> ray.actor.ActorHandle:
-        return RunnerActor.options(
+        # ray.remote classes gain .options at run time; their stubs do not say so.
+        handle: ray.actor.ActorHandle = RunnerActor.options(  # type: ignore[attr-defined]
             name=RUNNER_ACTOR_NAME, namespace=self.namespace, lifetime="detached", get_if_exists=True,
         ).remote(self.namespace)
+        return handle
 
     def start(self, run_id: str, *, patience: float = 60.0) -> None:
         """Start (or resume) a submitted run in the runner, waiting out a runner that is restarting.
@@ -264,10 +268,8 @@ class RunnerClient:
 
     def stop(self) -> None:
         """Kill the runner actor if one exists (its runs resume when a new one starts)."""
-        try:
+        with contextlib.suppress(ValueError):  # no run was ever submitted
             ray.kill(ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.namespace))
-        except ValueError:
-            pass  # no run was ever submitted
 
 
 RUNNER_START_RETRY = RetryPolicy(base_delay=0.05, max_delay=1.0, jitter=0.0)

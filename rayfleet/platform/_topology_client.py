@@ -52,7 +52,7 @@ class HostNotifier:
                     try:
                         ray.get(ref, timeout=30)
                         failures.pop(name, None)
-                    except Exception as error:  # a host that cannot be told reloads peers on its next activation
+                    except Exception as error:  # noqa: BLE001 - an unreachable host reloads peers when it next activates
                         failures[name] = f"host {name} did not reload peers: {type(error).__name__}: {error}"
                         failed.append(name)
             pending = failed

@@ -19,7 +19,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import ErrorDetails
 
 from ..errors import InvalidSpecError
-from ..identity._spec import AgentSpec
+from ..identity._agent import AgentSpec
 from ..identity._values import Addressability, Durability, TopologyPolicy
 from ..retry import RetryPolicy
 
@@ -65,10 +65,12 @@ class RosterRetry(pydantic.BaseModel, extra="forbid", frozen=True, from_attribut
         default=_default(RetryPolicy, "max_attempts"), description="Attempts in all, the first included (at least 1)."
     )
     base_delay: _Number = pydantic.Field(
-        default=_default(RetryPolicy, "base_delay"), description="Seconds before the second attempt; doubles after each attempt."
+        default=_default(RetryPolicy, "base_delay"),
+        description="Seconds before the second attempt; doubles after each attempt.",
     )
     max_delay: _Number = pydantic.Field(
-        default=_default(RetryPolicy, "max_delay"), description="Cap on any one delay, in seconds (at least base_delay)."
+        default=_default(RetryPolicy, "max_delay"),
+        description="Cap on any one delay, in seconds (at least base_delay).",
     )
     jitter: _Number = pydantic.Field(
         default=_default(RetryPolicy, "jitter"),
@@ -338,7 +340,9 @@ def _file_error(
     return _item_error(by_item[index], data["agents"][index], where, place(index))
 
 
-def _item_error(problems: Sequence[tuple[_Loc, ErrorDetails]], item: object, where: str, place: str) -> InvalidSpecError:
+def _item_error(
+    problems: Sequence[tuple[_Loc, ErrorDetails]], item: object, where: str, place: str
+) -> InvalidSpecError:
     """One error naming every problem pydantic found in one roster item.
 
     ``problems`` pairs each pydantic error with its location inside the item.

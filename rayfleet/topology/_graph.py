@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import InvalidSpecError
+from ..identity._agent import AgentSpec
 from ..identity._names import validate_identity
-from ..identity._spec import AgentSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)

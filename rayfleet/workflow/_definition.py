@@ -523,7 +523,7 @@ class Workflow:
         Raises:
             InvalidSpecError: for an unknown dependency or a cycle (naming its steps).
         """
-        indegree = {label: 0 for label in self._steps}
+        indegree = dict.fromkeys(self._steps, 0)
         dependents: dict[str, list[str]] = {label: [] for label in self._steps}
         for step in self._steps.values():
             for dep in dict.fromkeys(step.after):  # a repeated dependency is one edge
@@ -605,7 +605,8 @@ class Workflow:
 
 def _callable_fingerprint(fn: Callable[..., Any]) -> bytes:
     try:
-        return cloudpickle.dumps(fn)
+        pickled: bytes = cloudpickle.dumps(fn)
+        return pickled
     except Exception:  # noqa: BLE001 - an unpicklable callable is still identified by where it is defined
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(type(fn)))}".encode()
 

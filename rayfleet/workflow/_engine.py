@@ -21,7 +21,7 @@ from ..errors import (
     StepFailedError,
     is_retryable,
 )
-from ..identity._agent import Reply, Usage
+from ..identity._handlers import Reply, Usage
 from ..retry import RetryPolicy, retry_async
 from ._definition import (
     MAX_REASSIGNMENTS,

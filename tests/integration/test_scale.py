@@ -54,7 +54,7 @@ async def ask_in_chunks(refs: list[rf.AgentRef], method: str, *, with_n: bool) -
 
 
 def failures(refs: list[rf.AgentRef], results: list[object]) -> dict[str, str]:
-    return {ref.identity: repr(result) for ref, result in zip(refs, results) if isinstance(result, BaseException)}
+    return {ref.identity: repr(result) for ref, result in zip(refs, results, strict=True) if isinstance(result, BaseException)}
 
 
 @pytest.mark.timeout(180)
@@ -71,7 +71,7 @@ def test_thousand_agents_on_two_hosts_keep_their_own_state(fleet: rf.Fleet) -> N
     read = asyncio.run(ask_in_chunks(refs, "get", with_n=False))
     failed = failures(refs, read)
     assert not failed, f"{len(failed)} of {len(read)} get calls failed, e.g. {sorted(failed.items())[:3]}"
-    wrong = {ref.identity: value for ref, value in zip(refs, read) if value != number(ref)}
+    wrong = {ref.identity: value for ref, value in zip(refs, read, strict=True) if value != number(ref)}
     assert not wrong, f"{len(wrong)} agents read back another value, e.g. {sorted(wrong.items())[:3]}"
 
     statuses = fleet.list_agents()

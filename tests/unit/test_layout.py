@@ -143,8 +143,7 @@ def _import_graph() -> dict[str, set[str]]:
     for path in ROOT.rglob("*.py"):
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        graph[module] = set()
-        graph[module] = {target for target in _module_imports(path, module)}
+        graph[module] = _module_imports(path, module)
     # An import of a package also runs its __init__; resolve names to modules that exist.
     return {module: {t for t in targets if t in graph and t != module} for module, targets in graph.items()}
 

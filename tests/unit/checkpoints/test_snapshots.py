@@ -6,7 +6,7 @@ import datetime as dt
 import enum
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pydantic
@@ -57,7 +57,7 @@ class Rich(Strict):
     path: list[Point] = []
     counts: dict[str, int] = {}
     pair: tuple[int, ...] = ()
-    maybe: Optional[int] = None
+    maybe: int | None = None
     maybe_set: int | None = 5
     nested_lists: list[list[str]] = []
     points_by_name: dict[str, Point] = {}
@@ -291,7 +291,7 @@ class Property(Strict):
     ratio: float
     items: list[int]
     labels: dict[str, str]
-    maybe: Optional[int]
+    maybe: int | None
 
 
 @settings(max_examples=75, deadline=None)

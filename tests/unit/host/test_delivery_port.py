@@ -11,8 +11,8 @@ import rayfleet as rf
 from rayfleet.host._delivery import Delivery
 from rayfleet.host._hosted import HostedAgent
 from rayfleet.identity._values import ContinuityRecord, EventKind, LeaseGrant
-from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.testing import ManualClock
 
 

@@ -7,6 +7,7 @@ suite by adding one entry there.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import shutil
 import tempfile
@@ -74,10 +75,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path):
 def ledger(backend, clock: FakeClock):
     led = backend.open(clock)
     yield led
-    try:
+    with contextlib.suppress(Exception):
         led.close()
-    except Exception:
-        pass
 
 
 def spec_record(identity: str = "a", fingerprint: str = "f1", labels: dict | None = None, spec: bytes = b"spec",

@@ -27,7 +27,7 @@ from rayfleet.errors import (
     ModelUnavailableError,
     RayfleetError,
 )
-from rayfleet.identity._agent import Reply, Usage
+from rayfleet.identity._handlers import Reply, Usage
 from rayfleet.llm import _chat
 from rayfleet.llm._chat import (
     ChatClient,

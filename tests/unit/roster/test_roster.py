@@ -12,7 +12,7 @@ import yaml
 
 from rayfleet.demo.agents import Counter
 from rayfleet.errors import InvalidSpecError
-from rayfleet.identity._spec import AgentSpec
+from rayfleet.identity._agent import AgentSpec
 from rayfleet.identity._values import Addressability, Durability, TopologyPolicy
 from rayfleet.retry import RetryPolicy
 from rayfleet.roster import RosterAgent, RosterFile, roster_json_schema

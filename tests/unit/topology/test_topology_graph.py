@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayfleet.errors import InvalidSpecError
-from rayfleet.identity._spec import AgentSpec
+from rayfleet.identity._agent import AgentSpec
 from rayfleet.topology import Edge, desired_edges, peers_of
 
 COUNTER = "rayfleet.demo.agents:Counter"

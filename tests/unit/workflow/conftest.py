@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rayfleet.errors import UnknownHandlerError, UnknownIdentityError
-from rayfleet.identity._agent import Reply, Usage
+from rayfleet.identity._handlers import Reply, Usage
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rayfleet.errors import BudgetExceededError, InvalidSpecError
-from rayfleet.identity._agent import Reply, Usage
+from rayfleet.identity._handlers import Reply, Usage
 from rayfleet.workflow._definition import Budget, BudgetMeter, RunStatus, Workflow
 from rayfleet.workflow._engine import WorkflowEngine
 from rayfleet.workflow._journal import InMemoryJournal

@@ -229,7 +229,7 @@ def test_budget_exceeded_error_shape() -> None:
 ALLOWED_IMPORTS = ("__future__", "asyncio", "collections", "dataclasses", "enum", "hashlib", "heapq",
                    "importlib", "inspect", "logging", "random", "time", "types", "typing", "cloudpickle",
                    "pydantic", "pyarrow")
-ALLOWED_RELATIVE = ("errors", "retry", "identity._agent", "identity._names")
+ALLOWED_RELATIVE = ("errors", "retry", "identity._handlers", "identity._names")
 
 
 def test_package_imports_only_allowed_modules() -> None:
