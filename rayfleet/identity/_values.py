@@ -15,7 +15,7 @@ DEFAULT_DEDUP_CAPACITY = 10_000
 
 
 class LifecycleState(str, enum.Enum):
-    """Where an identity is in its life (specs/identity-runtime.md section 4)."""
+    """Where an identity is in its life, as ``fleet.status`` reports it."""
 
     UNINITIALIZED = "UNINITIALIZED"
     """Spawned, never activated: no continuity record yet."""

@@ -47,8 +47,7 @@ def plan_reconcile(
 ) -> ReconcilePlan:
     """Plan the wiring that makes the live graph match the desired one.
 
-    Pure set arithmetic (specs/identity-runtime.md section 6, with two deliberate
-    departures noted below). For each edge:
+    Pure set arithmetic. For each edge:
 
     * desired, both endpoints eligible, live, unmanaged → ``adopt``;
     * desired, both endpoints eligible, not live → ``wire`` (managed or not, so a
@@ -61,11 +60,10 @@ def plan_reconcile(
     is left alone unless it was adopted because it was desired. Applying the plan
     and planning again with the same inputs yields an empty plan.
 
-    Departures from the seed, on purpose:
+    Two cases are decided on purpose:
 
     * An empty ``desired`` is planned like any other: every managed live edge is
-      unwired. (The seed skipped reconcile when desired was empty, so shrinking the
-      topology to nothing left old wires behind.)
+      unwired, so shrinking the topology to nothing leaves no old wires behind.
     * A managed edge with an ineligible endpoint is unwired if it is still live,
       even when it is desired, rather than lingering unmanaged-by-intent; it is
       wired again (and managed again) once both endpoints are eligible. If it is no

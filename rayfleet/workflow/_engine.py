@@ -437,7 +437,7 @@ class WorkflowEngine:
             await self._finalize(step, output, tokens, (target,))
             return output, tokens
         finally:
-            # Always released (the seed skipped this on two paths); a release error must not
+            # Always released, on every path; a release error must not
             # mask the step's own result, and the lease lapses by TTL anyway.
             try:
                 await self._dispatcher.release_run_lease(run_id=self.run_id, holder=holder)

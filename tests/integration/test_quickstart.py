@@ -60,3 +60,14 @@ def test_ask_and_tell(fleet: rf.Fleet) -> None:
         assert time.monotonic() < deadline, f"the told turn was not committed (version {checkpoint})"
         time.sleep(0.05)
     assert ref.call("add", n=0) == 7
+
+
+@pytest.mark.timeout(60)
+def test_a_handler_can_be_named_by_the_function_itself(fleet: rf.Fleet) -> None:
+    ref = fleet.spawn("counter/typed", Counter)
+    assert ref.call(Counter.add, n=2) == 2
+    assert asyncio.run(ref.ask(Counter.add, n=3)) == 5
+    with pytest.raises(rf.InvalidSpecError, match="handler name or a @rf.handler function") as caught:
+        ref.call(print, n=1)
+    assert caught.value.field == "method"
+    assert ref.call("add", n=0) == 5  # the refused call changed nothing

@@ -145,3 +145,22 @@ def test_state_assignment_is_validated() -> None:
     agent = Counter()
     with pytest.raises(Exception, match="valid integer"):
         agent.state.total = "lots"  # type: ignore[assignment]
+
+
+def test_handler_name_accepts_a_name_or_the_handler_function() -> None:
+    from rayfleet.identity._handlers import handler_name
+
+    class Greeter(rf.Agent):
+        @rf.handler
+        async def greet(self, who: str) -> str:
+            return f"hello {who}"
+
+        async def helper(self) -> None:
+            """Not a handler: messages cannot reach it."""
+
+    assert handler_name("greet") == "greet"
+    assert handler_name(Greeter.greet) == "greet"
+    for wrong in (Greeter.helper, print, 42):
+        with pytest.raises(rf.InvalidSpecError, match="handler name or a @rf.handler function") as caught:
+            handler_name(wrong)  # type: ignore[arg-type]
+        assert caught.value.field == "method"
