@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import rayfleet as rf
-from rayfleet.demo.agents import Researcher
+from rayfleet.demo import Researcher
 
 ROSTER = Path(__file__).with_name("team.yaml")
 

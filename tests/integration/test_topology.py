@@ -9,7 +9,7 @@ import pytest
 from ray_helpers import kill_actor
 
 import rayfleet as rf
-from rayfleet.demo.agents import Planner, Researcher
+from rayfleet.demo import Planner, Researcher
 
 ROSTER = Path(__file__).resolve().parents[2] / "examples" / "team.yaml"
 TEAM = ["team/planner", "team/researcher-history", "team/researcher-physics"]

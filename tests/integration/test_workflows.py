@@ -25,7 +25,7 @@ import ray
 from ray_helpers import kill_actor
 
 import rayfleet as rf
-from rayfleet.demo.agents import Bank, Booking, Reviewer
+from rayfleet.demo import Bank, Booking, Reviewer
 
 RUNNER = "rayfleet-runner"
 WAIT = 60.0
@@ -138,18 +138,29 @@ class Worker(rf.Agent):
 
 
 class Panelist(rf.Agent):
-    """A scatter target whose behaviour comes from its ``mode`` label: ok, fail or slow."""
+    """A scatter target whose behaviour comes from its ``mode`` label: ok, fail, slow or after-fail.
+
+    ``after-fail`` succeeds only once a failing panelist of the same run has raised (it
+    touches ``failed`` first), and half a second later, so its success reaches the
+    engine after that failure.
+    """
 
     class State(rf.State):
         votes: int = 0
         retracted: int = 0
 
     @rf.handler
-    async def vote(self, release: str | None = None, done: str | None = None, **_: object) -> dict[str, Any]:
+    async def vote(self, release: str | None = None, done: str | None = None, failed: str | None = None,
+                   **_: object) -> dict[str, Any]:
         mode = self.spec.labels.get("mode", "ok")
         if mode == "slow":
             await _await_file(str(release), 20.0)
+        if mode == "after-fail":
+            await _await_file(str(failed), 20.0)
+            await asyncio.sleep(0.5)
         if mode == "fail":
+            if failed:
+                Path(failed).touch()
             raise ValueError(f"{self.identity} votes no")
         self.state.votes += 1
         if done:
@@ -326,10 +337,10 @@ def spawn_panel(fleet: rf.Fleet, panel: str, modes: dict[str, str]) -> None:
                     retry=rf.RetryPolicy(max_attempts=1))
 
 
-def vote(panel: str, gather: Any, release: Path | None = None) -> rf.Workflow:
+def vote(panel: str, gather: Any, release: Path | None = None, failed: Path | None = None) -> rf.Workflow:
     wf = rf.Workflow("vote")
-    wf.step("vote", scatter=rf.Select(labels={"panel": panel}), call="vote", gather=gather,
-            payload={"release": str(release)} if release else None)
+    payload = {key: str(path) for key, path in (("release", release), ("failed", failed)) if path}
+    wf.step("vote", scatter=rf.Select(labels={"panel": panel}), call="vote", gather=gather, payload=payload or None)
     return wf
 
 
@@ -350,11 +361,12 @@ def test_allof_needs_every_agent(fleet: rf.Fleet) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_anyof_succeeds_on_one_success_and_fails_only_when_all_fail(fleet: rf.Fleet) -> None:
-    spawn_panel(fleet, "some", {"a": "fail", "b": "ok"})
+def test_anyof_succeeds_on_one_success_and_fails_only_when_all_fail(fleet: rf.Fleet, tmp_path: Path) -> None:
+    # some/b succeeds only after some/a has failed, so the outcome holds both replies.
+    spawn_panel(fleet, "some", {"a": "fail", "b": "after-fail"})
     spawn_panel(fleet, "none", {"a": "fail", "b": "fail"})
 
-    ok = fleet.run(vote("some", rf.AnyOf()))
+    ok = fleet.run(vote("some", rf.AnyOf(), failed=tmp_path / "failed"))
     assert ok.status is rf.RunStatus.COMPLETED, ok.error
     assert ok.outputs["vote"]["some/b"] == {"by": "some/b"}
     assert isinstance(ok.outputs["vote"]["some/a"], rf.AgentFailure)  # an agent that failed maps to its error

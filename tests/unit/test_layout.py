@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import rayfleet
+import rayfleet.demo
 import rayfleet.ledger
 import rayfleet.roster
 import rayfleet.testing
@@ -24,6 +25,7 @@ ROOT = Path(rayfleet.__file__).resolve().parent
 
 PUBLIC_NAMESPACES = (
     "rayfleet", "rayfleet.testing", "rayfleet.topology", "rayfleet.roster", "rayfleet.workflow", "rayfleet.ledger",
+    "rayfleet.demo",
 )
 
 # Every namespace that exports something, pinned: a move that drops or adds a name must say so here.
@@ -34,12 +36,13 @@ PINNED: dict[str, set[str]] = {
     "rayfleet.roster": {"RosterChange", "load_roster", "plan_roster", "validate_roster"},
     "rayfleet.workflow": {"Dispatcher", "Journal", "JournalState"},
     "rayfleet.cli": {"main"},
+    "rayfleet.demo": {"Bank", "Booking", "Counter", "Notebook", "Planner", "Researcher", "Reviewer"},
     "rayfleet.ledger": {"Activation", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
                         "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "RegisterOutcome",
                         "RunRecord", "SnapshotPointer", "SpecRecord", "StoredMessage", "TopologyChange",
                         "TopologySnapshot"},
 }
-INTERNAL_PACKAGES = ("identity", "checkpoints", "host", "llm", "platform", "demo")
+INTERNAL_PACKAGES = ("identity", "checkpoints", "host", "llm", "platform")
 
 
 def _exports(namespace: str) -> set[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayfleet.demo.agents import Counter
+from rayfleet.demo import Counter
 from rayfleet.errors import InvalidSpecError
 from rayfleet.identity._agent import AgentSpec
 from rayfleet.identity._values import Addressability, Durability, TopologyPolicy
