@@ -10,6 +10,7 @@ from __future__ import annotations
 from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
 from .errors import DeliveryError as DeliveryError
+from .errors import FleetMismatchError as FleetMismatchError
 from .errors import FleetUnavailableError as FleetUnavailableError
 from .errors import HandlerError as HandlerError
 from .errors import IdentityError as IdentityError
@@ -18,6 +19,9 @@ from .errors import InvalidArgumentsError as InvalidArgumentsError
 from .errors import InvalidSpecError as InvalidSpecError
 from .errors import InvalidStateError as InvalidStateError
 from .errors import LeaseLostError as LeaseLostError
+from .errors import LedgerError as LedgerError
+from .errors import LedgerSchemaError as LedgerSchemaError
+from .errors import LedgerUnavailableError as LedgerUnavailableError
 from .errors import ModelError as ModelError
 from .errors import ModelRequestError as ModelRequestError
 from .errors import ModelResponseError as ModelResponseError
@@ -149,6 +153,7 @@ __all__ = [
     "BudgetExceededError",
     "DeadlineExceededError",
     "DeliveryError",
+    "FleetMismatchError",
     "FleetUnavailableError",
     "HandlerError",
     "IdentityError",
@@ -157,6 +162,9 @@ __all__ = [
     "InvalidSpecError",
     "InvalidStateError",
     "LeaseLostError",
+    "LedgerError",
+    "LedgerSchemaError",
+    "LedgerUnavailableError",
     "ModelError",
     "ModelRequestError",
     "ModelResponseError",

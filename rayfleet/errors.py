@@ -34,6 +34,10 @@ catches one kind of failure without naming every leaf::
     │   ├── ModelResponseError (also ValueError)      the server answered something malformed
     │   ├── ModelTimeoutError (also TimeoutError)     one request took longer than the client's timeout
     │   └── ModelUnavailableError                     429, 5xx or connection failures outlasted the retries
+    ├── LedgerError                                   the ledger database itself
+    │   ├── LedgerUnavailableError (also ConnectionError) the database cannot be reached now; retry
+    │   ├── LedgerSchemaError                         the database was written by a newer rayfleet
+    │   └── FleetMismatchError                        the ledger and the storage belong to different fleets
     ├── FleetUnavailableError                         no host could serve the request
     └── InternalError                                 a rayfleet bug: an invariant did not hold
 
@@ -51,6 +55,7 @@ __all__ = [
     "BudgetExceededError",
     "DeadlineExceededError",
     "DeliveryError",
+    "FleetMismatchError",
     "FleetUnavailableError",
     "HandlerError",
     "IdentityError",
@@ -58,6 +63,9 @@ __all__ = [
     "InvalidArgumentsError",
     "InvalidSpecError",
     "InvalidStateError",
+    "LedgerError",
+    "LedgerSchemaError",
+    "LedgerUnavailableError",
     "LeaseLostError",
     "ModelError",
     "ModelRequestError",
@@ -659,6 +667,92 @@ class ModelUnavailableError(ModelError):
 
 
 # --------------------------------------------------------------------------- the fleet itself
+
+
+# --------------------------------------------------------------------------- the ledger database
+
+
+class LedgerError(RayfleetError):
+    """Base of failures of the ledger database itself (not refusals of a write by its rules)."""
+
+
+class LedgerUnavailableError(LedgerError, ConnectionError):
+    """The ledger database cannot be reached now (down, restarting, or the network failed).
+
+    Retryable: nothing was changed, or, when ``committed_unknown`` is true, a write may
+    or may not have been committed (the connection broke during the commit); a retry of
+    a fenced write then meets the fencing rules, never a double effect.
+
+    Attributes:
+        location: the database (no password).
+        detail: the driver's error.
+        committed_unknown: the connection broke while committing.
+    """
+
+    location: str
+    detail: str
+    committed_unknown: bool
+
+    def __init__(self, *, location: str, detail: str, committed_unknown: bool = False) -> None:
+        outcome = " (the last write may or may not have been committed)" if committed_unknown else ""
+        super().__init__(
+            f"the ledger at {location} cannot be reached: {detail}{outcome}. It is retried by rayfleet where that "
+            f"is safe; check that the database is up and reachable from every node",
+            location=location, detail=detail, committed_unknown=committed_unknown,
+        )
+
+
+class LedgerSchemaError(LedgerError):
+    """The ledger database has a schema version newer than this rayfleet knows.
+
+    Attributes:
+        location: the database (no password).
+        found: the database's schema version.
+        known: the newest version this rayfleet knows.
+    """
+
+    location: str
+    found: int
+    known: int
+
+    def __init__(self, *, location: str, found: int, known: int) -> None:
+        super().__init__(
+            f"the ledger at {location} has schema version {found}, but this rayfleet knows only up to {known}; "
+            f"upgrade rayfleet on every node (pip install -U rayfleet) to open it",
+            location=location, found=found, known=known,
+        )
+
+
+class FleetMismatchError(LedgerError):
+    """The ledger and the storage root record different fleets, or the ledger is empty over an existing fleet.
+
+    Starting anyway would issue fencing token 1 again for identities whose snapshots
+    exist, so the old owners' writes could be accepted and the state forgotten.
+
+    Attributes:
+        ledger: the ledger database (no password).
+        storage: the storage root.
+        ledger_fleet: the fleet id the ledger records (``None``: an empty or new database).
+        storage_fleet: the fleet id the storage records.
+    """
+
+    ledger: str
+    storage: str
+    ledger_fleet: str | None
+    storage_fleet: str | None
+
+    def __init__(self, *, ledger: str, storage: str, ledger_fleet: str | None, storage_fleet: str | None) -> None:
+        if ledger_fleet is None:
+            problem = (f"the storage {storage} belongs to fleet {storage_fleet}, but the ledger {ledger} is empty "
+                       f"(a new or wiped database)")
+        else:
+            problem = (f"the storage {storage} belongs to fleet {storage_fleet}, but the ledger {ledger} belongs to "
+                       f"fleet {ledger_fleet}")
+        super().__init__(
+            f"{problem}; refusing to start, because fencing tokens would start again. Point connect(ledger=...) "
+            f"at that fleet's ledger (or restore it from backup), or use a fresh storage folder for a new fleet",
+            ledger=ledger, storage=storage, ledger_fleet=ledger_fleet, storage_fleet=storage_fleet,
+        )
 
 
 class FleetUnavailableError(RayfleetError):

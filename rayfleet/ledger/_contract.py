@@ -59,9 +59,17 @@ class LedgerClient(Protocol):
         """An id that changes every time the ledger restarts."""
         ...
 
+    def fleet_identity(self, claim: str | None = None) -> LedgerCall[str | None]:
+        """The fleet id this ledger records; with ``claim``, record it first if none is recorded."""
+        ...
+
     # -- identities
     def register(self, record: SpecRecord) -> LedgerCall[RegisterOutcome]:
         """Record a spawned identity; idempotent for an identical spec (``InvalidSpecError`` for a different one)."""
+        ...
+
+    def register_many(self, records: Sequence[SpecRecord]) -> LedgerCall[list[RegisterOutcome]]:
+        """Register many identities in one transaction, all or nothing; one outcome per record."""
         ...
 
     def apply_specs(self, *, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord]) -> LedgerCall[None]:

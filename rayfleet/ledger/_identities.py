@@ -23,25 +23,69 @@ from ._store import Transaction
 from ._values import IdentityView, RegisterOutcome, SpecRecord
 
 LIFECYCLE_MARKERS = (PERSISTED_LIVE, PERSISTED_RETIRED, PERSISTED_BROKEN)
+_IN_CHUNK = 500
+"""Names per ``IN (...)`` list: well under every database's parameter limit."""
 
 
 def register(tx: Transaction, record: SpecRecord, now: float) -> RegisterOutcome:
     row = tx.execute("SELECT fingerprint, lifecycle FROM identities WHERE identity = ?", (record.identity,)).fetchone()
     if row is not None:
         if row[0] != record.fingerprint:
-            raise InvalidSpecError(
-                f"identity {record.identity!r} already exists with a different spec; spawn is idempotent only "
-                f"for the same spec. Use fleet.apply() to change a spec, or delete the identity first",
-                field="spec",
-            )
+            raise _different_spec(record.identity)
         return RegisterOutcome(created=False, lifecycle=row[1])
     write(tx, record, create=True, now=now)
-    # Peers are stored as a JSON list of quoted names, so a quoted match is exact.
-    awaited = tx.execute(
-        "SELECT 1 FROM identities WHERE identity != ? AND peers LIKE ? LIMIT 1",
-        (record.identity, f"%{json.dumps(record.identity)}%"),
+    return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=_awaited(tx, record.identity))
+
+
+def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) -> list[RegisterOutcome]:
+    """Register many identities in one transaction; each is idempotent as in :func:`register`.
+
+    Existing identities are read in one query and new ones written with one statement
+    per table, so the cost is per record, not per identity already in the fleet.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    names = [record.identity for record in records]
+    for start in range(0, len(names), _IN_CHUNK):
+        chunk = names[start:start + _IN_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        rows = tx.execute(
+            f"SELECT identity, fingerprint, lifecycle FROM identities WHERE identity IN ({marks})", chunk
+        ).fetchall()
+        found.update({row[0]: (row[1], row[2]) for row in rows})
+    outcomes: list[RegisterOutcome] = []
+    fresh: list[SpecRecord] = []
+    for record in records:
+        if record.identity in found:
+            fingerprint, lifecycle = found[record.identity]
+            if fingerprint != record.fingerprint:
+                raise _different_spec(record.identity)
+            outcomes.append(RegisterOutcome(created=False, lifecycle=lifecycle))
+            continue
+        found[record.identity] = (record.fingerprint, PERSISTED_LIVE)
+        fresh.append(record)
+        outcomes.append(RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE))
+    _insert(tx, fresh, now)
+    awaited = {record.identity for record in fresh if _awaited(tx, record.identity)}
+    return [
+        RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=True)
+        if outcome.created and record.identity in awaited else outcome
+        for record, outcome in zip(records, outcomes, strict=True)
+    ]
+
+
+def _awaited(tx: Transaction, identity: str) -> bool:
+    """Whether another identity already declares ``identity`` as a peer (its edge can be wired now)."""
+    return tx.execute(
+        "SELECT 1 FROM declared_peers WHERE peer = ? AND identity != ? LIMIT 1", (identity, identity)
     ).fetchone() is not None
-    return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=awaited)
+
+
+def _different_spec(identity: str) -> InvalidSpecError:
+    return InvalidSpecError(
+        f"identity {identity!r} already exists with a different spec; spawn is idempotent only "
+        f"for the same spec. Use fleet.apply() to change a spec, or delete the identity first",
+        field="spec",
+    )
 
 
 def apply_specs(tx: Transaction, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord], now: float) -> None:
@@ -54,34 +98,67 @@ def apply_specs(tx: Transaction, creates: Sequence[SpecRecord], updates: Sequenc
 
 
 def write(tx: Transaction, record: SpecRecord, *, create: bool, now: float) -> None:
-    """Insert or update one identity row."""
-    columns = (
-        record.spec, record.fingerprint, record.agent_class, json.dumps(dict(record.labels)),
-        record.addressability, json.dumps(sorted(record.peers)),
-    )
+    """Insert or update one identity row, with its label and declared-peer index rows."""
     if create:
-        tx.execute(
-            "INSERT INTO identities (identity, spec, fingerprint, agent_class, labels, addressability, peers, "
-            "lifecycle, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
-            (record.identity, *columns, PERSISTED_LIVE, now),
-        )
+        _insert(tx, [record], now)
         return
     changed = tx.execute(
         "UPDATE identities SET spec = ?, fingerprint = ?, agent_class = ?, labels = ?, addressability = ?, "
         "peers = ? WHERE identity = ?",
-        (*columns, record.identity),
+        (*_columns(record), record.identity),
     ).rowcount
     if not changed:
         raise UnknownIdentityError(identity=record.identity)
+    _drop_index_rows(tx, record.identity)
+    _insert_index_rows(tx, [record])
+
+
+def _columns(record: SpecRecord) -> tuple[object, ...]:
+    return (
+        record.spec, record.fingerprint, record.agent_class, json.dumps(dict(record.labels)),
+        record.addressability, json.dumps(sorted(record.peers)),
+    )
+
+
+def _insert(tx: Transaction, records: Sequence[SpecRecord], now: float) -> None:
+    if not records:
+        return
+    tx.executemany(
+        "INSERT INTO identities (identity, spec, fingerprint, agent_class, labels, addressability, peers, "
+        "lifecycle, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
+        [(record.identity, *_columns(record), PERSISTED_LIVE, now) for record in records],
+    )
+    _insert_index_rows(tx, records)
+
+
+def _insert_index_rows(tx: Transaction, records: Sequence[SpecRecord]) -> None:
+    labels = [(r.identity, key, str(value)) for r in records for key, value in sorted(r.labels.items())]
+    peers = [(r.identity, peer) for r in records for peer in sorted(set(r.peers))]
+    if labels:
+        tx.executemany("INSERT INTO identity_labels (identity, key, value) VALUES (?, ?, ?)", labels)
+    if peers:
+        tx.executemany("INSERT INTO declared_peers (identity, peer) VALUES (?, ?)", peers)
+
+
+def _drop_index_rows(tx: Transaction, identity: str) -> None:
+    tx.execute("DELETE FROM identity_labels WHERE identity = ?", (identity,))
+    tx.execute("DELETE FROM declared_peers WHERE identity = ?", (identity,))
 
 
 def list_views(tx: Transaction, labels: Mapping[str, str] | None, now: float) -> list[IdentityView]:
-    names = [row[0] for row in tx.execute("SELECT identity FROM identities ORDER BY identity")]
-    views = [view for name in names if (view := _views.view(tx, name, now)) is not None]
-    if labels:
-        wanted = dict(labels)
-        views = [view for view in views if all(view.labels.get(k) == v for k, v in wanted.items())]
-    return views
+    """Views of every identity whose labels include ``labels`` (all of them without), sorted.
+
+    The label filter runs on the ``identity_labels`` index, so asking for a few
+    identities by label does not read the rest of the fleet.
+    """
+    query, parameters = "SELECT identity FROM identities", list[str]()
+    for key, value in sorted(dict(labels or {}).items()):
+        query += (" WHERE" if not parameters else " AND") + (
+            " identity IN (SELECT identity FROM identity_labels WHERE key = ? AND value = ?)"
+        )
+        parameters += [key, str(value)]
+    names = [row[0] for row in tx.execute(query + " ORDER BY identity", parameters)]
+    return [view for name in names if (view := _views.view(tx, name, now)) is not None]
 
 
 def set_lifecycle(tx: Transaction, *, identity: str, fencing_token: int, lifecycle: str, reason: str) -> None:
@@ -116,6 +193,7 @@ def delete(tx: Transaction, *, identity: str, fencing_token: int, now: float) ->
     tx.execute("DELETE FROM continuity WHERE identity = ?", (identity,))
     _leases.drop(tx, identity)
     tx.execute("DELETE FROM identities WHERE identity = ?", (identity,))
+    _drop_index_rows(tx, identity)
     _checkpoints.forget_keys(tx, identity)
     _edges.drop(tx, identity)
     _mailbox.drop(tx, identity, now)

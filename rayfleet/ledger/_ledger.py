@@ -9,7 +9,6 @@ or :class:`~rayfleet.ledger._local.LocalLedgerClient` in one process).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,11 +27,12 @@ from . import (
     _identities,
     _leases,
     _mailbox,
+    _meta,
     _runs,
     _views,
 )
 from ._sqlite import SqliteDatabase
-from ._store import Database
+from ._store import Database, Transaction
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -60,16 +60,46 @@ class Ledger:
     lock-delay: leases found live are not granted to another holder for one TTL.
     """
 
-    def __init__(self, database: Database | str | Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, database: Database | str | Path, *, clock: Callable[[], float] | None = None) -> None:
         self._db: Database = SqliteDatabase(database) if isinstance(database, (str, Path)) else database
         self._clock = clock
         self.incarnation = uuid.uuid4().hex[:8]
         """Changes every time a ledger opens, so clients can tell a restart."""
-        with self._db.transaction() as tx:
-            _leases.apply_lock_delay(tx, self._clock())
+        self._db.write(self._on_open)
+
+    def _now(self, tx: Transaction) -> float:
+        return self._clock() if self._clock is not None else self._db.now(tx)
+
+    def _on_open(self, tx: Transaction) -> None:
+        # Lock-delay once per restart of the authority: leases it finds were held by
+        # owners that could not renew while it was down; they get one TTL to do so.
+        current = self._db.incarnation(tx)
+        if _meta.get(tx, _meta.INCARNATION) != current:
+            _leases.apply_lock_delay(tx, self._now(tx))
+            _meta.put(tx, _meta.INCARNATION, current)
 
     def close(self) -> None:
         self._db.close()
+
+    @property
+    def location(self) -> str:
+        """Where the ledger's data lives (no passwords)."""
+        return self._db.describe()
+
+    def fleet_identity(self, claim: str | None = None) -> str | None:
+        """The id of the fleet this ledger belongs to; with ``claim``, record it if none is recorded yet.
+
+        Returns the recorded id (the claimed one if this call recorded it), or ``None``.
+        """
+
+        def run(tx: Transaction) -> str | None:
+            current = _meta.get(tx, _meta.FLEET_ID)
+            if current is None and claim is not None:
+                _meta.put(tx, _meta.FLEET_ID, claim)
+                return claim
+            return current
+
+        return self._db.write(run) if claim is not None else self._db.read(lambda tx: _meta.get(tx, _meta.FLEET_ID))
 
     # -- identities -------------------------------------------------------------------
 
@@ -79,8 +109,18 @@ class Ledger:
         Raises:
             InvalidSpecError: if the identity exists with a different spec.
         """
-        with self._db.transaction() as tx:
-            return _identities.register(tx, record, self._clock())
+        return self._db.write(lambda tx: _identities.register(tx, record, self._now(tx)))
+
+    def register_many(self, records: Sequence[SpecRecord]) -> list[RegisterOutcome]:
+        """Register many identities in one transaction, each idempotent for an identical spec.
+
+        All or nothing: one identity that exists with a different spec refuses the batch.
+
+        Raises:
+            InvalidSpecError: an identity exists with a different spec.
+        """
+        batch = list(records)
+        return self._db.write(lambda tx: _identities.register_many(tx, batch, self._now(tx)))
 
     def apply_specs(self, *, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord]) -> None:
         """Create and update many identities in one transaction (a roster applies whole or not at all).
@@ -89,32 +129,35 @@ class Ledger:
             InvalidSpecError: a created identity exists already.
             UnknownIdentityError: an updated identity does not exist.
         """
-        with self._db.transaction() as tx:
-            _identities.apply_specs(tx, creates, updates, self._clock())
+        self._db.write(lambda tx: _identities.apply_specs(tx, creates, updates, self._now(tx)))
 
     def resolve(self, identities: Iterable[str]) -> dict[str, IdentityView]:
         """Views of the given identities; unknown ones are absent from the result."""
-        now = self._clock()
-        with self._db.read() as tx:
-            return {identity: view for identity in identities if (view := _views.view(tx, identity, now)) is not None}
+        wanted = list(identities)
+
+        def run(tx: Transaction) -> dict[str, IdentityView]:
+            now = self._now(tx)
+            return {identity: view for identity in wanted if (view := _views.view(tx, identity, now)) is not None}
+
+        return self._db.read(run)
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> list[IdentityView]:
         """All identities, sorted, optionally only those whose labels include ``labels``."""
-        with self._db.read() as tx:
-            return _identities.list_views(tx, labels, self._clock())
+        return self._db.read(lambda tx: _identities.list_views(tx, labels, self._now(tx)))
 
     def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
         """Persist retired / broken / live for an identity, fenced."""
         if lifecycle not in _identities.LIFECYCLE_MARKERS:
             raise InvalidSpecError(f"unknown lifecycle marker {lifecycle!r}", field="lifecycle")
-        with self._db.transaction() as tx:
-            _identities.set_lifecycle(tx, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
-                                      reason=reason)
+        self._db.write(
+            lambda tx: _identities.set_lifecycle(
+                tx, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle, reason=reason
+            )
+        )
 
     def reset(self, *, identity: str, fencing_token: int) -> ContinuityRecord:
         """Start a new generation: new runtime id and session, version 0, no snapshot, no remembered keys."""
-        with self._db.transaction() as tx:
-            return _identities.reset(tx, identity=identity, fencing_token=fencing_token)
+        return self._db.write(lambda tx: _identities.reset(tx, identity=identity, fencing_token=fencing_token))
 
     def delete(self, *, identity: str, fencing_token: int) -> SnapshotPointer | None:
         """Remove an identity, its continuity record, lease, keys, edges and pause; return its last snapshot.
@@ -123,8 +166,9 @@ class Ledger:
         mark is kept forever, so a token issued before the delete can never write to
         an identity re-created under the same name.
         """
-        with self._db.transaction() as tx:
-            return _identities.delete(tx, identity=identity, fencing_token=fencing_token, now=self._clock())
+        return self._db.write(
+            lambda tx: _identities.delete(tx, identity=identity, fencing_token=fencing_token, now=self._now(tx))
+        )
 
     # -- leases and fencing -------------------------------------------------------------
 
@@ -143,9 +187,12 @@ class Ledger:
         """
         if ttl <= 0:
             raise InvalidSpecError(f"lease ttl must be positive, got {ttl!r}", field="ttl")
-        with self._db.transaction() as tx:
-            return _leases.acquire(tx, holder=holder, identities=identities, ttl=ttl,
-                                   create_continuity=create_continuity, now=self._clock())
+        wanted = list(identities)
+        return self._db.write(
+            lambda tx: _leases.acquire(
+                tx, holder=holder, identities=wanted, ttl=ttl, create_continuity=create_continuity, now=self._now(tx)
+            )
+        )
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> dict[str, LeaseGrant | None]:
         """Extend many leases by their TTL in one commit; ``None`` means the lease is lost.
@@ -154,13 +201,11 @@ class Ledger:
         expired lease that nobody else took is renewed too: fencing, not the clock,
         decides who may write).
         """
-        with self._db.transaction() as tx:
-            return _leases.renew(tx, holder=holder, tokens=tokens, now=self._clock())
+        return self._db.write(lambda tx: _leases.renew(tx, holder=holder, tokens=tokens, now=self._now(tx)))
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> int:
         """Give up leases (only those still held with the given token); returns how many."""
-        with self._db.transaction() as tx:
-            return _leases.release(tx, holder=holder, tokens=tokens)
+        return self._db.write(lambda tx: _leases.release(tx, holder=holder, tokens=tokens))
 
     def revoke_holder(self, holder: str) -> list[str]:
         """Drop every lease of a holder known to be dead; returns the freed identities.
@@ -168,18 +213,15 @@ class Ledger:
         Safe without waiting for the TTL because fencing, not timing, protects state:
         should the holder still be alive, its next write presents a superseded token.
         """
-        with self._db.transaction() as tx:
-            return _leases.free_holder(tx, holder)
+        return self._db.write(lambda tx: _leases.free_holder(tx, holder))
 
     def check_fence(self, identity: str, token: int) -> None:
         """Raise unless ``token`` is the identity's current high-water mark."""
-        with self._db.read() as tx:
-            _leases.check_fence(tx, identity, token)
+        self._db.read(lambda tx: _leases.check_fence(tx, identity, token))
 
     def high_water(self, identity: str) -> int:
         """The highest token ever issued for ``identity`` (0 if none)."""
-        with self._db.read() as tx:
-            return _leases.high_water(tx, identity)
+        return self._db.read(lambda tx: _leases.high_water(tx, identity))
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -190,40 +232,35 @@ class Ledger:
         (``StaleFencingTokenError``, ``StaleCheckpointVersionError``, ...). Refused
         entries change nothing; accepted ones are durable when this returns.
         """
-        with self._db.transaction() as tx:
-            return _checkpoints.commit(tx, commits)
+        batch = list(commits)
+        return self._db.write(lambda tx: _checkpoints.commit(tx, batch))
 
     def dedup_window(self, identity: str) -> list[tuple[str, bytes]]:
         """The remembered idempotency keys of an identity, oldest first, with their replies."""
-        with self._db.read() as tx:
-            return _views.dedup_rows(tx, identity)
+        return self._db.read(lambda tx: _views.dedup_rows(tx, identity))
 
     def referenced_snapshot_files(self) -> set[str]:
         """Every file some continuity record points at (the GC keeps these)."""
-        with self._db.read() as tx:
-            return _checkpoints.referenced_files(tx)
+        return self._db.read(lambda tx: _checkpoints.referenced_files(tx))
 
     # -- topology -----------------------------------------------------------------------
 
     def wired_peers(self, identities: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """The live peers of each identity."""
-        with self._db.read() as tx:
-            return _edges.wired_peers(tx, identities)
+        wanted = list(identities)
+        return self._db.read(lambda tx: _edges.wired_peers(tx, wanted))
 
     def set_desired_edge(self, *, a: str, b: str, desired: bool) -> None:
         """Add or remove an explicit desired edge (``a < b``, canonical); both identities must exist."""
-        with self._db.transaction() as tx:
-            _edges.set_desired(tx, a=a, b=b, desired=desired)
+        self._db.write(lambda tx: _edges.set_desired(tx, a=a, b=b, desired=desired))
 
     def topology(self) -> TopologySnapshot:
         """Everything reconciliation needs, read in one consistent view."""
-        with self._db.read() as tx:
-            return _edges.snapshot(tx)
+        return self._db.read(lambda tx: _edges.snapshot(tx))
 
     def apply_topology(self, change: TopologyChange) -> None:
         """Change live edges in one transaction."""
-        with self._db.transaction() as tx:
-            _edges.apply(tx, change)
+        self._db.write(lambda tx: _edges.apply(tx, change))
 
     # -- workflow runs and their journal ------------------------------------------------
 
@@ -236,139 +273,151 @@ class Ledger:
             InvalidSpecError: the run already ended, or exists under a different code
                 version (pass ``force=True`` to resume it anyway, e.g. after a compatible fix).
         """
-        with self._db.transaction() as tx:
-            return _runs.create(tx, run_id=run_id, workflow=workflow, code_version=code_version,
-                                definition=definition, force=force, now=self._clock())
+        return self._db.write(
+            lambda tx: _runs.create(
+                tx,
+                run_id=run_id,
+                workflow=workflow,
+                code_version=code_version,
+                definition=definition,
+                force=force,
+                now=self._now(tx),
+            )
+        )
 
     def run(self, run_id: str) -> RunRecord | None:
         """The registry record of a run, or ``None`` for an unknown run."""
-        with self._db.read() as tx:
-            return _runs.get(tx, run_id)
+        return self._db.read(lambda tx: _runs.get(tx, run_id))
 
     def list_runs(self, *, statuses: Sequence[str] | None = None) -> list[RunRecord]:
         """Runs in creation order, optionally only those in ``statuses``."""
-        with self._db.read() as tx:
-            return _runs.list_runs(tx, statuses)
+        return self._db.read(lambda tx: _runs.list_runs(tx, statuses))
 
     def run_definition(self, run_id: str) -> bytes | None:
         """The pickled workflow of a submitted run, or ``None``."""
-        with self._db.read() as tx:
-            return _runs.definition(tx, run_id)
+        return self._db.read(lambda tx: _runs.definition(tx, run_id))
 
     def set_run_status(
         self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> None:
         """Record a run's status; ``detail=None`` keeps the detail already recorded."""
-        with self._db.transaction() as tx:
-            _runs.set_status(tx, run_id=run_id, status=status, detail=detail, outcome=outcome, now=self._clock())
+        self._db.write(
+            lambda tx: _runs.set_status(
+                tx, run_id=run_id, status=status, detail=detail, outcome=outcome, now=self._now(tx)
+            )
+        )
 
     def request_run(self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None) -> bool:
         """Ask a run to cancel or to pause/resume dispatching; returns False for an unknown run."""
-        with self._db.transaction() as tx:
-            return _runs.request(tx, run_id=run_id, cancel=cancel, pause=pause)
+        return self._db.write(lambda tx: _runs.request(tx, run_id=run_id, cancel=cancel, pause=pause))
 
     def journal(self, run_id: str) -> JournalRecord:
         """A run's journaled step outputs (in completion order) and its successful compensations."""
-        with self._db.read() as tx:
-            return _runs.journal(tx, run_id)
+        return self._db.read(lambda tx: _runs.journal(tx, run_id))
 
     def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
         """Journal one step's output; a step is journaled once (a repeat keeps the first)."""
-        with self._db.transaction() as tx:
-            _runs.journal_step(tx, run_id=run_id, label=label, output=output, tokens=tokens)
+        self._db.write(lambda tx: _runs.journal_step(tx, run_id=run_id, label=label, output=output, tokens=tokens))
 
     def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> None:
         """Record that a step's compensation ran, and whether it succeeded."""
-        with self._db.transaction() as tx:
-            _runs.journal_compensation(tx, run_id=run_id, label=label, ok=ok, error=error)
+        self._db.write(lambda tx: _runs.journal_compensation(tx, run_id=run_id, label=label, ok=ok, error=error))
 
     def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
         """A strictly larger fencing token for an exclusive step of a run (persisted first)."""
-        with self._db.transaction() as tx:
-            return _runs.acquire_lease(tx, run_id=run_id, holder=holder)
+        return self._db.write(lambda tx: _runs.acquire_lease(tx, run_id=run_id, holder=holder))
 
     def release_run_lease(self, *, run_id: str, holder: str) -> None:
         """Give up a run lease if ``holder`` still holds it."""
-        with self._db.transaction() as tx:
-            _runs.release_lease(tx, run_id=run_id, holder=holder)
+        self._db.write(lambda tx: _runs.release_lease(tx, run_id=run_id, holder=holder))
 
     # -- pause, parking and dead letters ------------------------------------------------
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> None:
         """Persist the pause flag of an identity (fenced); it survives host failover."""
-        with self._db.transaction() as tx:
-            _mailbox.set_paused(tx, identity=identity, fencing_token=fencing_token, paused=paused, now=self._clock())
+        self._db.write(
+            lambda tx: _mailbox.set_paused(
+                tx, identity=identity, fencing_token=fencing_token, paused=paused, now=self._now(tx)
+            )
+        )
 
     def is_paused(self, identity: str) -> bool:
-        with self._db.read() as tx:
-            return _mailbox.is_paused(tx, identity)
+        return self._db.read(lambda tx: _mailbox.is_paused(tx, identity))
 
     def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> int:
         """Hold a message durably, in arrival order (fenced); parking the same message twice is a no-op.
 
         Returns the parked message's sequence number.
         """
-        with self._db.transaction() as tx:
-            return _mailbox.park(tx, identity=identity, fencing_token=fencing_token, message_id=message_id,
-                                 envelope=envelope, now=self._clock())
+        return self._db.write(
+            lambda tx: _mailbox.park(
+                tx,
+                identity=identity,
+                fencing_token=fencing_token,
+                message_id=message_id,
+                envelope=envelope,
+                now=self._now(tx),
+            )
+        )
 
     def parked(self, identity: str, *, limit: int = 1000) -> list[StoredMessage]:
         """Parked messages of an identity, oldest first."""
-        with self._db.read() as tx:
-            return _mailbox.parked(tx, identity, limit)
+        return self._db.read(lambda tx: _mailbox.parked(tx, identity, limit))
 
     def unpark(self, *, identity: str, fencing_token: int, seq: int) -> None:
         """Forget a parked message once its replay has been handled (fenced)."""
-        with self._db.transaction() as tx:
-            _mailbox.unpark(tx, identity=identity, fencing_token=fencing_token, seq=seq)
+        self._db.write(lambda tx: _mailbox.unpark(tx, identity=identity, fencing_token=fencing_token, seq=seq))
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> int:
         """Move every parked message of an identity to the dead letters (reason ``CANCELLED``); fenced."""
-        with self._db.transaction() as tx:
-            return _mailbox.cancel_parked(tx, identity=identity, fencing_token=fencing_token, now=self._clock())
+        return self._db.write(
+            lambda tx: _mailbox.cancel_parked(tx, identity=identity, fencing_token=fencing_token, now=self._now(tx))
+        )
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
     ) -> int:
         """Record a message that could not be handled, with why; returns its letter id (not fenced)."""
-        with self._db.transaction() as tx:
-            return _mailbox.add_dead_letter(tx, identity=identity, message_id=message_id, envelope=envelope,
-                                            reason=reason, error=error, attempts=attempts, now=self._clock())
+        return self._db.write(
+            lambda tx: _mailbox.add_dead_letter(
+                tx,
+                identity=identity,
+                message_id=message_id,
+                envelope=envelope,
+                reason=reason,
+                error=error,
+                attempts=attempts,
+                now=self._now(tx),
+            )
+        )
 
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> list[StoredMessage]:
         """Dead letters, oldest first, optionally of one identity."""
-        with self._db.read() as tx:
-            return _mailbox.dead_letters(tx, identity=identity, limit=limit)
+        return self._db.read(lambda tx: _mailbox.dead_letters(tx, identity=identity, limit=limit))
 
     def dead_letter(self, letter_id: int) -> StoredMessage | None:
         """One dead letter by id, or ``None``."""
-        with self._db.read() as tx:
-            return _mailbox.dead_letter(tx, letter_id)
+        return self._db.read(lambda tx: _mailbox.dead_letter(tx, letter_id))
 
     def purge_dead_letters(
         self, *, identity: str | None = None, ids: Sequence[int] | None = None, before: float | None = None
     ) -> int:
         """Delete dead letters matching every given filter (all of them when none is given)."""
-        with self._db.transaction() as tx:
-            return _mailbox.purge_dead_letters(tx, identity=identity, ids=ids, before=before)
+        return self._db.write(lambda tx: _mailbox.purge_dead_letters(tx, identity=identity, ids=ids, before=before))
 
     # -- hosts --------------------------------------------------------------------------
 
     def register_host(self, *, name: str, holder: str) -> list[str]:
         """Record a host incarnation; leases of an earlier incarnation of the same name are freed."""
-        with self._db.transaction() as tx:
-            return _hosts.register(tx, name=name, holder=holder, now=self._clock())
+        return self._db.write(lambda tx: _hosts.register(tx, name=name, holder=holder, now=self._now(tx)))
 
     def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
         """Forget a host (dead or scaled in) and free its leases; with ``holder``, only that incarnation."""
-        with self._db.transaction() as tx:
-            return _hosts.remove(tx, name=name, holder=holder)
+        return self._db.write(lambda tx: _hosts.remove(tx, name=name, holder=holder))
 
     def set_host_draining(self, *, name: str, draining: bool) -> None:
-        with self._db.transaction() as tx:
-            _hosts.set_draining(tx, name=name, draining=draining)
+        self._db.write(lambda tx: _hosts.set_draining(tx, name=name, draining=draining))
 
     def hosts(self) -> list[HostInfo]:
         """Registered hosts, by name."""
-        with self._db.read() as tx:
-            return _hosts.hosts(tx)
+        return self._db.read(lambda tx: _hosts.hosts(tx))

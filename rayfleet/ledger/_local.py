@@ -1,12 +1,16 @@
 """``LocalLedgerClient``: the ledger contract served by a :class:`Ledger` in this process.
 
-Each operation runs when it is called, on the calling thread, and its reply (or
-refusal) is handed back through a completed :class:`LedgerCall`; awaiting it never
-suspends. Meant for tests and for tools that open a ledger file directly.
+With ``threads=0`` (tests, tools) each operation runs when it is called, on the calling
+thread, and its reply (or refusal) comes back through a completed :class:`LedgerCall`;
+awaiting it never suspends. With ``threads > 0`` operations run on a thread pool, so
+an event loop awaiting them keeps serving other work while the database answers: this
+is how hosts, drivers and the runner reach a PostgreSQL ledger directly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -58,7 +62,22 @@ class Completed(Generic[T]):
         yield  # makes this a generator that finishes at once, as __await__ must be
 
 
-def _run(operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Completed[T]:
+class Pending(Generic[T]):
+    """A :class:`LedgerCall` running on a worker thread."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: concurrent.futures.Future[T]) -> None:
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> T:
+        return self._future.result(timeout)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return asyncio.wrap_future(self._future).__await__()
+
+
+def _run_now(operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Completed[T]:
     try:
         return Completed(operation(*args, **kwargs))
     except Exception as error:  # noqa: BLE001 - handed to the awaiting caller, as a remote ledger would raise it
@@ -70,164 +89,186 @@ class LocalLedgerClient:
 
     Args:
         ledger: the ledger to serve, or a path to a SQLite ledger file (created if missing).
+        threads: run operations on this many worker threads (0: on the caller's thread).
     """
 
-    def __init__(self, ledger: Ledger | str | Path) -> None:
+    def __init__(self, ledger: Ledger | str | Path, *, threads: int = 0) -> None:
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self._executor = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rayfleet-ledger")
+            if threads > 0 else None
+        )
+
+    def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> LedgerCall[T]:
+        if self._executor is None:
+            return _run_now(operation, *args, **kwargs)
+        return Pending(self._executor.submit(operation, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the worker threads (after the operations in flight) and close the ledger."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self.ledger.close()
 
     def incarnation(self) -> LedgerCall[str]:
         return Completed(self.ledger.incarnation)
 
+    def fleet_identity(self, claim: str | None = None) -> LedgerCall[str | None]:
+        return self._run(self.ledger.fleet_identity, claim)
+
+    def register_many(self, records: Sequence[SpecRecord]) -> LedgerCall[list[RegisterOutcome]]:
+        return self._run(self.ledger.register_many, records)
+
     def register(self, record: SpecRecord) -> LedgerCall[RegisterOutcome]:
-        return _run(self.ledger.register, record)
+        return self._run(self.ledger.register, record)
 
     def apply_specs(self, *, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord]) -> LedgerCall[None]:
-        return _run(self.ledger.apply_specs, creates=creates, updates=updates)
+        return self._run(self.ledger.apply_specs, creates=creates, updates=updates)
 
     def resolve(self, identities: Iterable[str]) -> LedgerCall[dict[str, IdentityView]]:
-        return _run(self.ledger.resolve, identities)
+        return self._run(self.ledger.resolve, identities)
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
-        return _run(self.ledger.list_identities, labels=labels)
+        return self._run(self.ledger.list_identities, labels=labels)
 
     def set_lifecycle(
         self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = ""
     ) -> LedgerCall[None]:
-        return _run(self.ledger.set_lifecycle, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
+        return self._run(self.ledger.set_lifecycle, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
                     reason=reason)
 
     def reset(self, *, identity: str, fencing_token: int) -> LedgerCall[ContinuityRecord]:
-        return _run(self.ledger.reset, identity=identity, fencing_token=fencing_token)
+        return self._run(self.ledger.reset, identity=identity, fencing_token=fencing_token)
 
     def delete(self, *, identity: str, fencing_token: int) -> LedgerCall[SnapshotPointer | None]:
-        return _run(self.ledger.delete, identity=identity, fencing_token=fencing_token)
+        return self._run(self.ledger.delete, identity=identity, fencing_token=fencing_token)
 
     def acquire(
         self, *, holder: str, identities: Iterable[str], ttl: float = DEFAULT_LEASE_TTL, create_continuity: bool = True
     ) -> LedgerCall[dict[str, Activation | LeaseDenied | RayfleetError]]:
-        return _run(self.ledger.acquire, holder=holder, identities=identities, ttl=ttl,
+        return self._run(self.ledger.acquire, holder=holder, identities=identities, ttl=ttl,
                     create_continuity=create_continuity)
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
-        return _run(self.ledger.renew, holder=holder, tokens=tokens)
+        return self._run(self.ledger.renew, holder=holder, tokens=tokens)
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
-        return _run(self.ledger.release, holder=holder, tokens=tokens)
+        return self._run(self.ledger.release, holder=holder, tokens=tokens)
 
     def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
-        return _run(self.ledger.revoke_holder, holder)
+        return self._run(self.ledger.revoke_holder, holder)
 
     def check_fence(self, identity: str, token: int) -> LedgerCall[None]:
-        return _run(self.ledger.check_fence, identity, token)
+        return self._run(self.ledger.check_fence, identity, token)
 
     def high_water(self, identity: str) -> LedgerCall[int]:
-        return _run(self.ledger.high_water, identity)
+        return self._run(self.ledger.high_water, identity)
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
-        return _run(self.ledger.commit_checkpoints, commits)
+        return self._run(self.ledger.commit_checkpoints, commits)
 
     def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
-        return _run(self.ledger.dedup_window, identity)
+        return self._run(self.ledger.dedup_window, identity)
 
     def referenced_snapshot_files(self) -> LedgerCall[set[str]]:
-        return _run(self.ledger.referenced_snapshot_files)
+        return self._run(self.ledger.referenced_snapshot_files)
 
     def wired_peers(self, identities: Iterable[str]) -> LedgerCall[dict[str, tuple[str, ...]]]:
-        return _run(self.ledger.wired_peers, identities)
+        return self._run(self.ledger.wired_peers, identities)
 
     def set_desired_edge(self, *, a: str, b: str, desired: bool) -> LedgerCall[None]:
-        return _run(self.ledger.set_desired_edge, a=a, b=b, desired=desired)
+        return self._run(self.ledger.set_desired_edge, a=a, b=b, desired=desired)
 
     def topology(self) -> LedgerCall[TopologySnapshot]:
-        return _run(self.ledger.topology)
+        return self._run(self.ledger.topology)
 
     def apply_topology(self, change: TopologyChange) -> LedgerCall[None]:
-        return _run(self.ledger.apply_topology, change)
+        return self._run(self.ledger.apply_topology, change)
 
     def create_run(
         self, *, run_id: str, workflow: str, code_version: str, definition: bytes | None, force: bool = False
     ) -> LedgerCall[str]:
-        return _run(self.ledger.create_run, run_id=run_id, workflow=workflow, code_version=code_version,
+        return self._run(self.ledger.create_run, run_id=run_id, workflow=workflow, code_version=code_version,
                     definition=definition, force=force)
 
     def run(self, run_id: str) -> LedgerCall[RunRecord | None]:
-        return _run(self.ledger.run, run_id)
+        return self._run(self.ledger.run, run_id)
 
     def list_runs(self, *, statuses: Sequence[str] | None = None) -> LedgerCall[list[RunRecord]]:
-        return _run(self.ledger.list_runs, statuses=statuses)
+        return self._run(self.ledger.list_runs, statuses=statuses)
 
     def run_definition(self, run_id: str) -> LedgerCall[bytes | None]:
-        return _run(self.ledger.run_definition, run_id)
+        return self._run(self.ledger.run_definition, run_id)
 
     def set_run_status(
         self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> LedgerCall[None]:
-        return _run(self.ledger.set_run_status, run_id=run_id, status=status, detail=detail, outcome=outcome)
+        return self._run(self.ledger.set_run_status, run_id=run_id, status=status, detail=detail, outcome=outcome)
 
     def request_run(
         self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
     ) -> LedgerCall[bool]:
-        return _run(self.ledger.request_run, run_id=run_id, cancel=cancel, pause=pause)
+        return self._run(self.ledger.request_run, run_id=run_id, cancel=cancel, pause=pause)
 
     def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
-        return _run(self.ledger.journal, run_id)
+        return self._run(self.ledger.journal, run_id)
 
     def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
-        return _run(self.ledger.journal_step, run_id=run_id, label=label, output=output, tokens=tokens)
+        return self._run(self.ledger.journal_step, run_id=run_id, label=label, output=output, tokens=tokens)
 
     def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
-        return _run(self.ledger.journal_compensation, run_id=run_id, label=label, ok=ok, error=error)
+        return self._run(self.ledger.journal_compensation, run_id=run_id, label=label, ok=ok, error=error)
 
     def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
-        return _run(self.ledger.acquire_run_lease, run_id=run_id, holder=holder)
+        return self._run(self.ledger.acquire_run_lease, run_id=run_id, holder=holder)
 
     def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
-        return _run(self.ledger.release_run_lease, run_id=run_id, holder=holder)
+        return self._run(self.ledger.release_run_lease, run_id=run_id, holder=holder)
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
-        return _run(self.ledger.set_paused, identity=identity, fencing_token=fencing_token, paused=paused)
+        return self._run(self.ledger.set_paused, identity=identity, fencing_token=fencing_token, paused=paused)
 
     def is_paused(self, identity: str) -> LedgerCall[bool]:
-        return _run(self.ledger.is_paused, identity)
+        return self._run(self.ledger.is_paused, identity)
 
     def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> LedgerCall[int]:
-        return _run(self.ledger.park, identity=identity, fencing_token=fencing_token, message_id=message_id,
+        return self._run(self.ledger.park, identity=identity, fencing_token=fencing_token, message_id=message_id,
                     envelope=envelope)
 
     def parked(self, identity: str, *, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
-        return _run(self.ledger.parked, identity, limit=limit)
+        return self._run(self.ledger.parked, identity, limit=limit)
 
     def unpark(self, *, identity: str, fencing_token: int, seq: int) -> LedgerCall[None]:
-        return _run(self.ledger.unpark, identity=identity, fencing_token=fencing_token, seq=seq)
+        return self._run(self.ledger.unpark, identity=identity, fencing_token=fencing_token, seq=seq)
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
-        return _run(self.ledger.cancel_parked, identity=identity, fencing_token=fencing_token)
+        return self._run(self.ledger.cancel_parked, identity=identity, fencing_token=fencing_token)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
     ) -> LedgerCall[int]:
-        return _run(self.ledger.add_dead_letter, identity=identity, message_id=message_id, envelope=envelope,
+        return self._run(self.ledger.add_dead_letter, identity=identity, message_id=message_id, envelope=envelope,
                     reason=reason, error=error, attempts=attempts)
 
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
-        return _run(self.ledger.dead_letters, identity=identity, limit=limit)
+        return self._run(self.ledger.dead_letters, identity=identity, limit=limit)
 
     def dead_letter(self, letter_id: int) -> LedgerCall[StoredMessage | None]:
-        return _run(self.ledger.dead_letter, letter_id)
+        return self._run(self.ledger.dead_letter, letter_id)
 
     def purge_dead_letters(
         self, *, identity: str | None = None, ids: Sequence[int] | None = None, before: float | None = None
     ) -> LedgerCall[int]:
-        return _run(self.ledger.purge_dead_letters, identity=identity, ids=ids, before=before)
+        return self._run(self.ledger.purge_dead_letters, identity=identity, ids=ids, before=before)
 
     def register_host(self, *, name: str, holder: str) -> LedgerCall[list[str]]:
-        return _run(self.ledger.register_host, name=name, holder=holder)
+        return self._run(self.ledger.register_host, name=name, holder=holder)
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
-        return _run(self.ledger.remove_host, name=name, holder=holder)
+        return self._run(self.ledger.remove_host, name=name, holder=holder)
 
     def set_host_draining(self, *, name: str, draining: bool) -> LedgerCall[None]:
-        return _run(self.ledger.set_host_draining, name=name, draining=draining)
+        return self._run(self.ledger.set_host_draining, name=name, draining=draining)
 
     def hosts(self) -> LedgerCall[list[HostInfo]]:
-        return _run(self.ledger.hosts)
+        return self._run(self.ledger.hosts)

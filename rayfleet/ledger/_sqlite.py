@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from ..errors import InvalidSpecError
+from ..errors import LedgerSchemaError
 from ._store import Transaction
+
+T = TypeVar("T")
 
 # Each entry is applied once, in order, inside one transaction; ``PRAGMA user_version``
 # records how many have run. Never edit an entry that has shipped: append a new one.
@@ -135,6 +139,33 @@ CREATE TABLE IF NOT EXISTS hosts (
     draining INTEGER NOT NULL DEFAULT 0
 );
 """,
+    # 2: indexes for hot lookups (who declares X as a peer; identities by label) and the
+    # ledger's own facts (fleet id, the incarnation that last applied lock-delay).
+    """
+CREATE TABLE IF NOT EXISTS declared_peers (
+    identity TEXT NOT NULL,
+    peer TEXT NOT NULL,
+    PRIMARY KEY (identity, peer)
+);
+CREATE INDEX IF NOT EXISTS declared_peers_by_peer ON declared_peers(peer);
+INSERT INTO declared_peers (identity, peer)
+    SELECT identities.identity, json_each.value FROM identities, json_each(identities.peers)
+    WHERE true ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS identity_labels (
+    identity TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (identity, key)
+);
+CREATE INDEX IF NOT EXISTS identity_labels_by_value ON identity_labels(key, value);
+INSERT INTO identity_labels (identity, key, value)
+    SELECT identities.identity, json_each.key, json_each.value FROM identities, json_each(identities.labels)
+    WHERE true ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS ledger_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+""",
 )
 
 
@@ -143,56 +174,65 @@ class SqliteDatabase:
 
     Opening creates the file (and its folder) if needed and brings the schema up to
     date. A file written by a newer rayfleet (a schema version this code does not
-    know) is refused rather than guessed at.
+    know) is refused rather than guessed at. Every open is a new incarnation: the
+    process serving the file restarted, so the ledger applies lock-delay.
 
     Raises:
-        InvalidSpecError: the file's schema is newer than this rayfleet knows.
+        LedgerSchemaError: the file's schema is newer than this rayfleet knows.
         sqlite3.Error: the file cannot be opened as a database.
     """
+
+    kind = "sqlite"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._incarnation = uuid.uuid4().hex
         self._connection = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self._connection.execute("PRAGMA journal_mode=WAL")
         self._connection.execute("PRAGMA synchronous=FULL")
-        self._migrate()
+        self.write(self._migrate)
 
-    def _migrate(self) -> None:
-        with self.transaction() as tx:
-            row = tx.execute("PRAGMA user_version").fetchone()
-            version = int(row[0]) if row else 0
-            if version > len(MIGRATIONS):
-                raise InvalidSpecError(
-                    f"ledger file {str(self.path)!r} has schema version {version}, but this rayfleet knows only up "
-                    f"to {len(MIGRATIONS)}; upgrade rayfleet to open it",
-                    field="ledger",
-                )
-            for script in MIGRATIONS[version:]:
-                for statement in script.split(";"):
-                    if statement.strip():
-                        tx.execute(statement)
-            if version < len(MIGRATIONS):
-                # PRAGMA takes no parameters; the value is an int we computed.
-                tx.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+    def _migrate(self, tx: Transaction) -> None:
+        row = tx.execute("PRAGMA user_version").fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(MIGRATIONS):
+            raise LedgerSchemaError(location=self.describe(), found=version, known=len(MIGRATIONS))
+        for script in MIGRATIONS[version:]:
+            for statement in script.split(";"):
+                if statement.strip():
+                    tx.execute(statement)
+        if version < len(MIGRATIONS):
+            # PRAGMA takes no parameters; the value is an int we computed.
+            tx.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
 
-    @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def write(self, fn: Callable[[Transaction], T]) -> T:
+        # BEGIN IMMEDIATE takes the write lock up front: no other writer can interleave
+        # between a fenced operation's check and its write.
         with self._lock:
             self._connection.execute("BEGIN IMMEDIATE")
             try:
-                yield self._connection
+                result = fn(self._connection)
             except BaseException:
                 self._connection.execute("ROLLBACK")
                 raise
             self._connection.execute("COMMIT")
+            return result
 
-    @contextmanager
-    def read(self) -> Iterator[Transaction]:
+    def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.
         with self._lock:
-            yield self._connection
+            return fn(self._connection)
+
+    def now(self, tx: Transaction) -> float:
+        return time.time()
+
+    def incarnation(self, tx: Transaction) -> str:
+        return self._incarnation
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
 
     def close(self) -> None:
         with self._lock:

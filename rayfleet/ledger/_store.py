@@ -3,15 +3,20 @@
 The table-group modules (``_identities``, ``_leases``, ...) are written against
 :class:`Transaction` in a portable subset of SQL (``?`` placeholders, ``ON CONFLICT``
 upserts, ``RETURNING``), so the fencing rules exist once whatever database stores them.
+
+A store runs a whole operation as a function of one transaction (``write(fn)``), not
+as a ``with`` block: a store whose database may abort a transaction for a conflict
+(PostgreSQL at SERIALIZABLE) can then run the function again on a fresh transaction,
+which a ``with`` block cannot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 Row = tuple[Any, ...]
+T = TypeVar("T")
 
 
 class Cursor(Protocol):
@@ -32,16 +37,35 @@ class Transaction(Protocol):
 
     def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
 
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> object: ...
+
 
 class Database(Protocol):
     """A ledger database: serializable read-write transactions and consistent reads.
 
-    ``transaction()`` commits when the block exits normally and rolls back when it
-    raises; a committed transaction is durable when the block returns.
+    ``write(fn)`` runs ``fn`` in one transaction and commits it; the commit is durable
+    when ``write`` returns. If ``fn`` raises, nothing it wrote is kept and the error
+    propagates. A store may run ``fn`` more than once (after a conflict it rolled back),
+    so ``fn`` must have no effect outside the transaction.
     """
 
-    def transaction(self) -> AbstractContextManager[Transaction]: ...
+    kind: str
+    """``"sqlite"`` or ``"postgresql"``: which store this is, for messages and metrics."""
 
-    def read(self) -> AbstractContextManager[Transaction]: ...
+    def write(self, fn: Callable[[Transaction], T]) -> T: ...
+
+    def read(self, fn: Callable[[Transaction], T]) -> T: ...
+
+    def now(self, tx: Transaction) -> float:
+        """The authority's wall clock, in seconds since the epoch, as seen inside ``tx``."""
+        ...
+
+    def incarnation(self, tx: Transaction) -> str:
+        """Changes whenever the database itself restarted (lock-delay applies after a restart)."""
+        ...
+
+    def describe(self) -> str:
+        """Where the data lives, for messages (no passwords)."""
+        ...
 
     def close(self) -> None: ...

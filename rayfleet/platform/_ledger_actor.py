@@ -82,6 +82,12 @@ class LedgerActor:
     def incarnation(self) -> str:
         return self._ledger.incarnation
 
+    def fleet_identity(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.fleet_identity, args, kwargs)
+
+    def register_many(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._ledger.register_many, args, kwargs)
+
     def register(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._ledger.register, args, kwargs)
 
@@ -245,6 +251,12 @@ class RayLedgerClient:
 
     def incarnation(self) -> LedgerCall[str]:
         return _RayCall(self.actor.incarnation.remote())
+
+    def fleet_identity(self, claim: str | None = None) -> LedgerCall[str | None]:
+        return _RayCall(self.actor.fleet_identity.remote(claim))
+
+    def register_many(self, records: Sequence[SpecRecord]) -> LedgerCall[list[RegisterOutcome]]:
+        return _RayCall(self.actor.register_many.remote(list(records)))
 
     def register(self, record: SpecRecord) -> LedgerCall[RegisterOutcome]:
         return _RayCall(self.actor.register.remote(record))

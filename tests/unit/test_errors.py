@@ -50,6 +50,13 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
         rf.ModelTimeoutError(url=URL, timeout=2.5),
         rf.ModelUnavailableError(url=URL, attempts=3, last_failure="HTTP 503: 'down'"),
     ],
+    rf.LedgerError: [
+        rf.LedgerUnavailableError(location="postgresql://u:***@db:5432/x", detail="connection refused"),
+        rf.LedgerUnavailableError(location="postgresql://db/x", detail="reset", committed_unknown=True),
+        rf.LedgerSchemaError(location="sqlite:///l.sqlite", found=9, known=2),
+        rf.FleetMismatchError(ledger="sqlite:///l.sqlite", storage="/s", ledger_fleet=None, storage_fleet="f-1"),
+        rf.FleetMismatchError(ledger="sqlite:///l.sqlite", storage="/s", ledger_fleet="f-2", storage_fleet="f-1"),
+    ],
 }
 SUBSYSTEMS = tuple(LEAVES)
 ROOT_LEAVES = [

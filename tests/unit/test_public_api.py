@@ -26,6 +26,7 @@ EXPECTED_NAMES = {
     "DeliveryError", "IdentityError", "InternalError", "ModelError", "ModelRequestError", "ModelResponseError",
     "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
     "WorkflowError",
+    "FleetMismatchError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
 }
 
 

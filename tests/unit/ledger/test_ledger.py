@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pg_support
+import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -34,6 +36,7 @@ from rayfleet.identity._values import (
     SnapshotPointer,
 )
 from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
 from rayfleet.testing import ManualClock
 
@@ -52,11 +55,46 @@ class SqliteBackend:
     def open(self, clock: ManualClock) -> Ledger:
         return Ledger(self.path, clock=clock)
 
+    def restart(self, clock: ManualClock) -> Ledger:
+        """The process serving the file restarted: every open of a SQLite ledger is one."""
+        return self.open(clock)
+
     def cleanup(self) -> None:
         """Nothing beyond the folder, which the caller removes."""
 
 
-BACKENDS: dict[str, type[SqliteBackend]] = {"sqlite": SqliteBackend}
+class PostgresBackend:
+    """A fresh database on the test PostgreSQL server; dropped afterwards."""
+
+    def __init__(self, root: Path) -> None:
+        self.url = pg_support.create_database()
+        self._ledgers: list[Ledger] = []
+
+    def open(self, clock: ManualClock) -> Ledger:
+        ledger = Ledger(PostgresDatabase(self.url, pool_size=2), clock=clock)
+        self._ledgers.append(ledger)
+        return ledger
+
+    def restart(self, clock: ManualClock) -> Ledger:
+        """Reopen as after a server restart: the ledger must find a new server incarnation.
+
+        Restarting the real server for every example would take seconds; forgetting
+        the incarnation the ledger recorded is what a new server start time looks like
+        to the code under test.
+        """
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            connection.execute("DELETE FROM ledger_meta WHERE key = 'incarnation'")
+        return self.open(clock)
+
+    def cleanup(self) -> None:
+        for ledger in self._ledgers:
+            with contextlib.suppress(Exception):
+                ledger.close()
+        pg_support.drop_database(self.url)
+
+
+Backend = SqliteBackend | PostgresBackend
+BACKENDS: dict[str, type[Backend]] = {"sqlite": SqliteBackend, "postgresql": PostgresBackend}
 
 
 @pytest.fixture
@@ -106,7 +144,7 @@ def commit(identity: str, token: int, version: int, file: str = "snapshots/x.arr
 
 def restart(led: Ledger, backend, clock: FakeClock) -> Ledger:
     led.close()
-    return backend.open(clock)
+    return backend.restart(clock)
 
 
 # -- registration ---------------------------------------------------------------------
@@ -883,8 +921,6 @@ def test_refusal_from_commit_pickles_with_attributes(ledger, two_grants):
 
 
 class TwoHolderLedgerMachine(RuleBasedStateMachine):
-    backend: type[SqliteBackend] = SqliteBackend
-
     """Two holders race for one identity across clock jumps and ledger restarts.
 
     Checked: (a) a commit is accepted iff its token is the highest ever granted;
@@ -892,6 +928,8 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
     (c) within one TTL of a restart, the other holder cannot take a lease that was
     live at the restart.
     """
+
+    backend: type[Backend] = SqliteBackend
 
     def __init__(self) -> None:
         super().__init__()
@@ -1009,7 +1047,7 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
         self.ledger.close()
         self.ledger = None
         live = self._live_holder()
-        self.ledger = self.store.open(self.clock)
+        self.ledger = self.store.restart(self.clock)
         now = self.clock.now
         if live is not None:
             self.protected = (live, now + TTL)
@@ -1040,10 +1078,14 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
             assert self.ledger.high_water("a") == (max(self.granted) if self.granted else 0)
 
 
-def _machine_for(name: str, backend: type[SqliteBackend]) -> type:
+# Each example opens a fresh store; a PostgreSQL database costs far more to create than a file.
+MACHINE_EXAMPLES = {"sqlite": 200, "postgresql": 40}
+
+
+def _machine_for(name: str, backend: type[Backend]) -> type:
     machine = type(f"TwoHolderLedgerMachine_{name}", (TwoHolderLedgerMachine,), {"backend": backend})
     machine.TestCase.settings = settings(
-        max_examples=200,
+        max_examples=MACHINE_EXAMPLES[name],
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
