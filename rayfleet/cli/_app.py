@@ -18,6 +18,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--storage", default=None,
                         help="storage folder or URI (default: RAYFLEET_STORAGE or ./.rayfleet)")
+    parser.add_argument("--ledger", default=None,
+                        help="ledger URL, sqlite:///abs/path or postgresql://user:pw@host:5432/db "
+                             "(default: RAYFLEET_LEDGER, else a SQLite file in the storage folder)")
     parser.add_argument("--namespace", default="rayfleet", help="Ray namespace of the fleet (default: rayfleet)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run the end-to-end demo on a local, embedded fleet")
@@ -85,7 +88,8 @@ def _run(arguments: argparse.Namespace) -> int:
         return 0
     from ..platform._fleet import connect
 
-    fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace)
+    fleet = connect(address=arguments.address, storage=arguments.storage, namespace=arguments.namespace,
+                    ledger=arguments.ledger)
     try:
         if arguments.command == "status":
             statuses = [fleet.status(arguments.identity)] if arguments.identity else fleet.list_agents()

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -37,13 +37,15 @@ from ..identity._values import (
     LifecycleState,
     TopologyPolicy,
 )
+from ..ledger._location import LedgerLocation
 from ..ledger._values import HostInfo, SpecRecord
 from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ._host_actor import AgentHost
-from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
+from ._ledger_actor import RayLedgerClient
+from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
 from ._routing import Courier, HostDirectory, HostRequest
 from ._runner import RunnerClient, execute_run, new_run_id
@@ -56,6 +58,8 @@ log = logging.getLogger("rayfleet.fleet")
 DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
 HOST_NAME_PREFIX = "rayfleet-host-"
+SPAWN_BATCH = 5_000
+"""Specs per ledger transaction in ``spawn_many``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,8 +70,13 @@ class FleetConfig:
     """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
     storage: str = DEFAULT_STORAGE
     """Folder or URI for snapshots (and the SQLite ledger when it is a local folder)."""
+    ledger: str | None = None
+    """Ledger URL: ``sqlite:///abs/path/ledger.sqlite`` or ``postgresql://user:password@host:5432/db``;
+    ``None`` means ``RAYFLEET_LEDGER``, else a SQLite file ``<storage>/ledger.sqlite``."""
     ledger_path: str | None = None
-    """SQLite ledger file; defaults to ``<storage>/ledger.sqlite`` for local storage."""
+    """Shorthand for ``ledger="sqlite:///<ledger_path>"``."""
+    ledger_node: str | None = None
+    """Ray node id the SQLite ledger actor is pinned to; ``None`` means the head node."""
     namespace: str = DEFAULT_NAMESPACE
     """Ray namespace of the fleet's actors; fleets in different namespaces are independent."""
     hosts: int | None = None
@@ -86,6 +95,22 @@ class FleetConfig:
                 raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", field=name)
         if not self.namespace or not isinstance(self.namespace, str):
             raise InvalidSpecError(f"namespace must be a non-empty string, got {self.namespace!r}", field="namespace")
+        if self.ledger is not None and self.ledger_path is not None:
+            raise InvalidSpecError("pass ledger= or ledger_path=, not both", field="ledger")
+        if self.ledger is not None:
+            LedgerLocation.parse(self.ledger)
+
+    def ledger_location(self, storage: str) -> LedgerLocation:
+        """Where this fleet's ledger lives, given its absolute storage root.
+
+        Raises:
+            InvalidSpecError: no ledger was named and the storage is not a local folder.
+        """
+        if self.ledger is not None:
+            return LedgerLocation.parse(self.ledger)
+        if self.ledger_path is not None:
+            return LedgerLocation.sqlite(self.ledger_path)
+        return LedgerLocation.sqlite(_default_ledger_path(storage))
 
 
 def connect(
@@ -96,24 +121,33 @@ def connect(
     hosts: int | None = None,
     lease_ttl: float = 10.0,
     idle_timeout: float = 300.0,
+    ledger: str | None = None,
     ledger_path: str | None = None,
+    ledger_node: str | None = None,
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
     ``address=None`` uses ``RAY_ADDRESS`` when set, else starts a local Ray;
-    ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``. The
-    ledger and host actors are created if they do not exist yet (they are detached,
-    so they outlive this driver) and reused if they do.
+    ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``.
+    ``ledger=None`` uses ``RAYFLEET_LEDGER`` when set, else a SQLite file in the
+    storage folder; ``ledger="postgresql://..."`` puts the ledger in PostgreSQL, which
+    every process then reaches directly. The ledger actor (SQLite) and host actors
+    are created if they do not exist yet (they are detached, so they outlive this
+    driver) and reused if they do.
 
     Raises:
-        InvalidSpecError: for a bad option.
+        InvalidSpecError: for a bad option or ledger URL.
         FleetUnavailableError: if Ray cannot be reached.
+        FleetMismatchError: the ledger is empty or another fleet's, over this fleet's storage.
+        LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
     """
     storage_text = str(storage) if storage is not None else os.environ.get("RAYFLEET_STORAGE", DEFAULT_STORAGE)
     config = FleetConfig(
         address=address or os.environ.get("RAY_ADDRESS") or None,
         storage=storage_text,
+        ledger=ledger if ledger is not None or ledger_path is not None else os.environ.get("RAYFLEET_LEDGER") or None,
         ledger_path=ledger_path,
+        ledger_node=ledger_node,
         namespace=namespace,
         hosts=hosts,
         lease_ttl=lease_ttl,
@@ -141,14 +175,12 @@ class Fleet:
                 raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
             self._started_ray = config.address is None
         self.storage = _absolute_storage(config.storage)
-        self.ledger_path = config.ledger_path or _default_ledger_path(self.storage)
-        # ray.remote classes gain .options at run time; their stubs do not say so.
-        self._ledger = RayLedgerClient(LedgerActor.options(  # type: ignore[attr-defined]
-            name=LEDGER_ACTOR_NAME, namespace=config.namespace, lifetime="detached", get_if_exists=True
-        ).remote(self.ledger_path))
-        self._ledger.incarnation().result()
+        self.ledger_location = config.ledger_location(self.storage)
+        """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
+        self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
+                                    node=config.ledger_node)
         self._courier = Courier(HostDirectory(config.namespace), self._ledger)
-        self._runner = RunnerClient(config.namespace)
+        self._runner = RunnerClient(config.namespace, self.ledger_location.url)
         self._snapshots: SnapshotStore | None = None
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
@@ -170,7 +202,8 @@ class Fleet:
         handle: ray.actor.ActorHandle = AgentHost.options(  # type: ignore[attr-defined]
             name=name, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
             scheduling_strategy="SPREAD",
-        ).remote(name, self.config.namespace, self.storage, self.config.lease_ttl, self.config.idle_timeout)
+        ).remote(name, self.config.namespace, self.storage, self.config.lease_ttl, self.config.idle_timeout,
+                 self.ledger_location.url)
         return handle
 
     def add_host(self) -> str:
@@ -262,6 +295,37 @@ class Fleet:
             identity = spec.identity
             self._courier.route_sync(identity, lambda host: host.activate.remote(identity), method="activate")
         return ref
+
+    def spawn_many(self, specs: Iterable[AgentSpec], *, batch: int = SPAWN_BATCH) -> list[AgentRef]:
+        """Create many agents in a few ledger transactions (idempotent, like :meth:`spawn`); refs in order.
+
+        Every spec is validated before anything is written; each batch of ``batch``
+        specs is one transaction, so a batch applies whole or not at all. Identities
+        whose peers are declared are wired afterwards, in one reconcile.
+
+        Raises:
+            InvalidSpecError: a spec is not an ``AgentSpec``, an identity repeats, or an
+                identity exists with a different spec (batches before it stay applied).
+        """
+        specs = list(specs)
+        seen: set[str] = set()
+        for spec in specs:
+            if not isinstance(spec, AgentSpec):
+                raise InvalidSpecError(f"spawn_many takes rf.AgentSpec values, got {type(spec).__name__}",
+                                       field="specs")
+            if spec.identity in seen:
+                raise InvalidSpecError(f"identity {spec.identity!r} appears twice in spawn_many", field="specs")
+            seen.add(spec.identity)
+        if not isinstance(batch, int) or batch < 1:
+            raise InvalidSpecError(f"batch must be a positive integer, got {batch!r}", field="batch")
+        wire = False
+        for start in range(0, len(specs), batch):
+            chunk = specs[start:start + batch]
+            outcomes = self._ledger.register_many([spec_record(spec) for spec in chunk]).result()
+            wire = wire or any(o.created and (s.peers or o.awaited) for s, o in zip(chunk, outcomes, strict=True))
+        if wire:
+            self.topology.reconcile()
+        return [AgentRef(self._courier, spec.identity) for spec in specs]
 
     def apply(
         self, roster: str | os.PathLike[str] | list[AgentSpec] | list[dict[str, Any]], *, dry_run: bool = False,
@@ -541,7 +605,8 @@ class Fleet:
             for handle in handles:
                 ray.kill(handle)
             self._runner.stop()
-            ray.kill(self._ledger.actor)
+            if isinstance(self._ledger, RayLedgerClient):
+                ray.kill(self._ledger.actor)
         if self._started_ray:
             ray.shutdown()
 
@@ -595,8 +660,9 @@ def _absolute_storage(storage: str) -> str:
 def _default_ledger_path(storage: str) -> str:
     if "://" in storage and not storage.startswith("file://"):
         raise InvalidSpecError(
-            f"storage {storage!r} is remote; give connect(ledger_path=...) a local path for the SQLite ledger",
-            field="ledger_path",
+            f"storage {storage!r} is remote; name the ledger: connect(ledger='sqlite:///<local path>') on one "
+            f"node, or connect(ledger='postgresql://...') on a cluster",
+            field="ledger",
         )
     root = storage.removeprefix("file://")
     return str(Path(root) / "ledger.sqlite")

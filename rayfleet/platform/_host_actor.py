@@ -23,7 +23,8 @@ from ..host._runtime import (
     holder_host,
 )
 from ..identity._values import IdentityEvent
-from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
+from ..ledger._location import LedgerLocation
+from ._ledger_client import connect_ledger
 from ._routing import (
     ERROR,
     OK,
@@ -69,8 +70,10 @@ class AgentHost:
     so the caller gets the error itself rather than Ray's wrapper).
     """
 
-    def __init__(self, name: str, namespace: str, storage: str, lease_ttl: float, idle_timeout: float) -> None:
+    def __init__(self, name: str, namespace: str, storage: str, lease_ttl: float, idle_timeout: float,
+                 ledger: str) -> None:
         self.name = name
+        self._ledger_location = LedgerLocation.parse(ledger)
         self.namespace = namespace
         self._storage = storage
         self._lease_ttl = lease_ttl
@@ -85,7 +88,7 @@ class AgentHost:
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             try:
-                ledger = RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=self.namespace))
+                ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
                 self.courier = Courier(HostDirectory(self.namespace), ledger)
                 self.runtime = HostRuntime(
                     name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),

@@ -23,6 +23,7 @@ from ..identity._values import (
 )
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
+from ..ledger._local import LocalLedgerClient
 from ..ledger._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -37,6 +38,7 @@ from ..ledger._values import (
     TopologyChange,
     TopologySnapshot,
 )
+from ._binding import bind_fleet
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 
@@ -76,8 +78,11 @@ class LedgerActor:
     lock-delay keeps leases that were held from moving for one TTL.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage: str | None = None) -> None:
         self._ledger = Ledger(path)
+        if storage is not None:
+            # A restarted actor checks again: it may have found an empty file on a new node.
+            bind_fleet(LocalLedgerClient(self._ledger), storage=storage, ledger_shown=self._ledger.location)
 
     def incarnation(self) -> str:
         return self._ledger.incarnation

@@ -32,11 +32,12 @@ from ..host._messages import Envelope
 from ..identity._handlers import Usage
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
+from ..ledger._location import LedgerLocation
 from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
-from ._ledger_actor import LEDGER_ACTOR_NAME, RayLedgerClient
+from ._ledger_client import connect_ledger
 from ._routing import Courier, HostDirectory, dispatch_request
 
 log = logging.getLogger("rayfleet.workflow")
@@ -180,15 +181,16 @@ def _pickle_outcome(outcome: WorkflowOutcome) -> bytes:
 class RunnerActor:
     """Runs submitted workflows; after a restart it resumes every unfinished one from the journal."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, ledger: str) -> None:
         self._namespace = namespace
+        self._ledger_location = LedgerLocation.parse(ledger)
         self._tasks: dict[str, asyncio.Task[WorkflowOutcome]] = {}
         # Ray runs an async actor's __init__ with its event loop already running: start
         # resuming at once, so a restarted runner picks its runs up without being called.
         self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
 
     async def _resume_unfinished(self) -> Courier:
-        ledger = RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=self._namespace))
+        ledger = connect_ledger(self._ledger_location, namespace=self._namespace)
         courier = Courier(HostDirectory(self._namespace), ledger)
         await courier.refresh_async()
         for record in await ledger.list_runs(statuses=list(UNFINISHED)):
@@ -240,14 +242,16 @@ class RunnerActor:
 class RunnerClient:
     """Hands submitted runs to the detached runner actor of one namespace, creating it if needed."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, ledger: str) -> None:
         self.namespace = namespace
+        self.ledger = ledger
+        """The ledger URL the runner actor connects to."""
 
     def handle(self) -> ray.actor.ActorHandle:
         # ray.remote classes gain .options at run time; their stubs do not say so.
         handle: ray.actor.ActorHandle = RunnerActor.options(  # type: ignore[attr-defined]
             name=RUNNER_ACTOR_NAME, namespace=self.namespace, lifetime="detached", get_if_exists=True,
-        ).remote(self.namespace)
+        ).remote(self.namespace, self.ledger)
         return handle
 
     def start(self, run_id: str, *, patience: float = 60.0) -> None:

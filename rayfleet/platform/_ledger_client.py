@@ -1,0 +1,75 @@
+"""How a process reaches the ledger, by its location: over Ray (SQLite) or directly (PostgreSQL).
+
+A SQLite ledger lives in one file, so one actor (``rayfleet-ledger``, pinned to the node
+that holds the file) serves it and everyone else calls that actor. A PostgreSQL ledger
+is reached by every process through its own connection pool: no actor hop, and no
+single process every checkpoint has to pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ..errors import FleetUnavailableError
+from ..ledger._contract import LedgerClient
+from ..ledger._local import LocalLedgerClient
+from ..ledger._location import LedgerLocation
+from ._binding import bind_fleet
+from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
+
+DIRECT_CLIENT_THREADS = 8
+"""Worker threads of a direct (PostgreSQL) ledger client: ledger calls one process may have in flight."""
+_HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+
+def connect_ledger(location: LedgerLocation, *, namespace: str) -> LedgerClient:
+    """A client of an existing fleet's ledger (hosts and the runner use this).
+
+    Raises:
+        FleetUnavailableError: the ledger actor of a SQLite ledger does not exist.
+        LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
+    """
+    if location.networked:
+        return LocalLedgerClient(location.open(), threads=DIRECT_CLIENT_THREADS)
+    try:
+        return RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=namespace))
+    except ValueError:
+        detail = f"no ledger actor {LEDGER_ACTOR_NAME!r} in namespace {namespace!r}"
+        raise FleetUnavailableError(detail=detail) from None
+
+
+def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node: str | None = None) -> LedgerClient:
+    """The driver's client: creates the ledger actor of a SQLite ledger if needed, and binds the fleet.
+
+    The actor is pinned to ``node`` (a Ray node id), by default the head node: a
+    SQLite file belongs to one machine, and an actor restarted on another node would
+    open an empty file there.
+
+    Raises:
+        FleetMismatchError: the ledger and the storage belong to different fleets.
+        LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
+    """
+    if location.networked:
+        client: LedgerClient = LocalLedgerClient(location.open(), threads=DIRECT_CLIENT_THREADS)
+    else:
+        strategy = NodeAffinitySchedulingStrategy(node_id=node or head_node_id(), soft=False)
+        # ray.remote classes gain .options at run time; their stubs do not say so.
+        handle: Any = LedgerActor.options(  # type: ignore[attr-defined]
+            name=LEDGER_ACTOR_NAME, namespace=namespace, lifetime="detached", get_if_exists=True,
+            scheduling_strategy=strategy,
+        ).remote(str(location.path), storage)
+        client = RayLedgerClient(handle)
+        client.incarnation().result()
+    bind_fleet(client, storage=storage, ledger_shown=location.shown)
+    return client
+
+
+def head_node_id() -> str:
+    """The Ray node id of the cluster's head node (the driver's node if none is marked)."""
+    for node in ray.nodes():
+        if node.get("Alive") and _HEAD_NODE_RESOURCE in node.get("Resources", {}):
+            return str(node["NodeID"])
+    return str(ray.get_runtime_context().get_node_id())
