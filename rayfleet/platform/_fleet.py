@@ -15,6 +15,7 @@ from typing import Any, cast
 import cloudpickle
 import ray
 
+from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     DeadlineExceededError,
@@ -65,7 +66,8 @@ class FleetConfig:
     address: str | None = None
     """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
     storage: str = DEFAULT_STORAGE
-    """Folder or URI for snapshots (and the SQLite ledger when it is a local folder)."""
+    """Folder or ``pyarrow.fs`` URI (``s3://bucket/prefix?...``) for snapshots and large journal
+    outputs, and for the SQLite ledger when it is a local folder."""
     ledger_path: str | None = None
     """SQLite ledger file; defaults to ``<storage>/ledger.sqlite`` for local storage."""
     namespace: str = DEFAULT_NAMESPACE
@@ -142,14 +144,19 @@ class Fleet:
             self._started_ray = config.address is None
         self.storage = _absolute_storage(config.storage)
         self.ledger_path = config.ledger_path or _default_ledger_path(self.storage)
+        self._snapshots: SnapshotStore | None = None
+        self._journal_files: JournalFileStore | None = None
+        if "://" in self.storage:
+            # Reached once before any actor exists: a wrong endpoint or a missing bucket fails
+            # connect with a clear error instead of the first checkpoint, and creates nothing.
+            self._snapshot_store().storage.check()
         # ray.remote classes gain .options at run time; their stubs do not say so.
         self._ledger = RayLedgerClient(LedgerActor.options(  # type: ignore[attr-defined]
             name=LEDGER_ACTOR_NAME, namespace=config.namespace, lifetime="detached", get_if_exists=True
         ).remote(self.ledger_path))
         self._ledger.incarnation().result()
         self._courier = Courier(HostDirectory(config.namespace), self._ledger)
-        self._runner = RunnerClient(config.namespace)
-        self._snapshots: SnapshotStore | None = None
+        self._runner = RunnerClient(config.namespace, self.storage)
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
@@ -455,7 +462,7 @@ class Fleet:
         run_id = run_id or new_run_id(workflow)
         self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
                                 definition=None, force=force).result()
-        return await execute_run(self._courier, workflow, run_id)
+        return await execute_run(self._courier, workflow, run_id, self._journal_file_store())
 
     def submit(self, workflow: Workflow, *, run_id: str | None = None) -> str:
         """Run a workflow in the detached runner actor, which survives this driver; returns the run id.
@@ -478,9 +485,15 @@ class Fleet:
         return self._snapshot_store().collect_garbage(referenced, min_age=min_age)
 
     def _snapshot_store(self) -> SnapshotStore:
+        # Made on first use: a local folder is created only when the driver itself needs it.
         if self._snapshots is None:
             self._snapshots = SnapshotStore(self.storage)
         return self._snapshots
+
+    def _journal_file_store(self) -> JournalFileStore:
+        if self._journal_files is None:
+            self._journal_files = JournalFileStore(self.storage)
+        return self._journal_files
 
     # -- events ---------------------------------------------------------------------
 
