@@ -1,8 +1,59 @@
-"""Shared by every test folder: puts tests/support on the import path (helpers importable from any test)."""
+"""Shared by unit and integration tests: a real S3-compatible server on 127.0.0.1, and tests/support on the path."""
 
 from __future__ import annotations
 
 import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.fs as pafs
+import pytest
+
+# Helpers under tests/support are importable from every test folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+S3_BUCKET = "rayfleet-tests"
+
+
+@dataclass(frozen=True, slots=True)
+class S3Server:
+    """moto's S3 server on 127.0.0.1 with one bucket; any credentials are accepted."""
+
+    endpoint: str
+    bucket: str = S3_BUCKET
+
+    def uri(self, prefix: str) -> str:
+        """A ``pyarrow.fs`` URI for ``prefix`` in the bucket.
+
+        The credentials ride in the URI, not in the environment: Ray workers were
+        started before this server, with the environment of that moment, and the
+        explicit keys keep the AWS SDK from probing instance metadata off this machine.
+        """
+        return (f"s3://test-key:test-secret@{self.bucket}/{prefix}"
+                f"?endpoint_override={self.endpoint}&scheme=http&region=us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """Start moto's server mode on a free port of 127.0.0.1 and create the test bucket."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3 = S3Server(endpoint=f"{host}:{port}")
+        # rayfleet never creates buckets; the test does, through pyarrow itself.
+        filesystem, _ = pafs.FileSystem.from_uri(s3.uri("setup") + "&allow_bucket_creation=true")
+        filesystem.create_dir(s3.bucket)
+        yield s3
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_storage(s3_server: S3Server) -> str:
+    """A storage URI under a fresh prefix of the test bucket, so tests never see each other's files."""
+    return s3_server.uri(f"t-{uuid.uuid4().hex[:12]}")

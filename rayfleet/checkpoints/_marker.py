@@ -8,50 +8,38 @@ noticed before it issues a single token.
 from __future__ import annotations
 
 import json
-import os
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from ..errors import InvalidSpecError
+from ._files import StorageRoot
 
 MARKER = "fleet.json"
 
 
-def _location(root: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in root:
-        try:
-            fs, path = pafs.FileSystem.from_uri(root)
-        except (pa.ArrowException, ValueError) as error:
-            raise InvalidSpecError(f"storage {root!r} is not a usable URI: {error}", field="storage") from None
-        return fs, f"{path.rstrip('/')}/{MARKER}"
-    return pafs.LocalFileSystem(), os.path.join(os.path.abspath(root), MARKER)
-
-
 def read_fleet_id(root: str) -> str | None:
     """The fleet id recorded at ``root``, or ``None`` when the storage has no marker yet."""
-    fs, path = _location(root)
+    storage = StorageRoot(root, what="storage")
     try:
-        with fs.open_input_stream(path) as stream:
-            content = json.loads(stream.read().decode("utf-8"))
+        content = json.loads(storage.read_bytes(MARKER).decode("utf-8"))
     except FileNotFoundError:
         return None
-    except OSError as error:
-        if "not found" in str(error).lower() or "does not exist" in str(error).lower():
-            return None
-        raise
+    except (ValueError, UnicodeDecodeError):
+        content = None
     fleet_id = content.get("fleet_id") if isinstance(content, dict) else None
     if not isinstance(fleet_id, str) or not fleet_id:
-        raise InvalidSpecError(f"{path} is not a rayfleet fleet marker (no fleet_id); remove it or fix it",
-                               field="storage")
+        raise InvalidSpecError(
+            f"{storage.display}/{MARKER} is not a rayfleet fleet marker (no fleet_id); restore it, or remove it "
+            f"only if this storage holds no fleet's snapshots", field="storage",
+        )
     return fleet_id
 
 
 def write_fleet_id(root: str, fleet_id: str) -> None:
-    """Record ``fleet_id`` at ``root`` (the folder is created on local disks)."""
-    fs, path = _location(root)
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Record ``fleet_id`` at ``root``, whole or not at all."""
     body = json.dumps({"fleet_id": fleet_id, "format": 1}, indent=2).encode("utf-8")
-    with fs.open_output_stream(path) as stream:
-        stream.write(body)
+
+    def write(sink: pa.NativeFile) -> None:
+        sink.write(body)
+
+    StorageRoot(root, what="storage").publish(MARKER, write)

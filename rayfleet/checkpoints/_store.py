@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
 import secrets
 import threading
 import time
@@ -28,10 +25,9 @@ from ._codec import (
     VERSION_COLUMN,
     StateCodec,
 )
+from ._files import TEMP_PREFIX, StorageRoot, safe_name
 
 _SNAPSHOTS = "snapshots"
-_TEMP_PREFIX = ".tmp-"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,17 +40,11 @@ class SnapshotRow:
     extra: bytes = b""
 
 
-def _safe_name(name: str) -> str:
-    safe = _UNSAFE.sub("_", name)
-    # "." and ".." are made of allowed characters but would walk the folder tree.
-    return safe if safe.strip(".") else "_" * max(len(safe), 1)
-
-
 class SnapshotStore:
     """Immutable Arrow IPC snapshot files under ``<root>/snapshots/`` on a ``pyarrow.fs`` filesystem.
 
-    A file is never changed after it is moved into place, so opened files are
-    cached (LRU, keyed by path). Safe to share between threads.
+    A file is never changed after it is published, so opened files are cached (LRU,
+    keyed by path). Safe to share between threads.
     """
 
     cache_size: ClassVar[int] = 16
@@ -65,34 +55,23 @@ class SnapshotStore:
         Raises:
             InvalidSpecError: if the URI is not understood by pyarrow.
         """
-        if "://" in root:
-            try:
-                self._fs, path = pafs.FileSystem.from_uri(root)
-            except (pa.ArrowException, ValueError) as error:
-                raise InvalidSpecError(f"snapshot root {root!r} is not a usable URI: {error}", field="root") from None
-        else:
-            self._fs, path = pafs.LocalFileSystem(), os.path.abspath(root)
-        self._root = path.rstrip("/") or "/"
-        self._local = isinstance(self._fs, pafs.LocalFileSystem)
-        if self._local:
-            os.makedirs(self._root, exist_ok=True)
+        self._storage = StorageRoot(root, what="snapshot root")
         self._token = secrets.token_hex(6)
         self._counter = 0
         self._lock = threading.Lock()
         self._tables: OrderedDict[str, pa.Table] = OrderedDict()
 
-    def _full(self, relative: str) -> str:
-        parts = relative.split("/")
-        if relative.startswith("/") or ".." in parts or "" in parts:
-            raise InvalidSpecError(f"snapshot path {relative!r} must be relative to the store root", field="path")
-        return f"{self._root.rstrip('/')}/{relative}"
+    @property
+    def storage(self) -> StorageRoot:
+        """The storage root the files live on."""
+        return self._storage
 
     def write_batch(self, *, group: str, writer: str, rows: list[SnapshotRow]) -> str:
         """Write ``rows`` as one new immutable file; returns its path relative to the root.
 
         Row ``i`` of the file is ``rows[i]``. The file appears under its final name
-        only once complete (and, on local disks, fsynced), so a path returned here
-        can be committed safely.
+        only once complete (on local disks fsynced; on object stores uploaded in one
+        piece), so a path returned here can be committed safely.
 
         Raises:
             InvalidSpecError (a ValueError): if ``rows`` is empty, mixes State
@@ -119,38 +98,15 @@ class SnapshotStore:
         batch = pa.RecordBatch.from_pydict(head | columns).replace_schema_metadata(metadata)
         with self._lock:
             self._counter += 1
-            name = f"{_safe_name(writer)}-{self._token}-{self._counter:08d}.arrow"
-        folder = f"{_SNAPSHOTS}/{_safe_name(group)}"
-        relative, temporary = f"{folder}/{name}", f"{folder}/{_TEMP_PREFIX}{name}"
-        self._publish(batch, self._full(temporary), self._full(relative))
-        return relative
+            name = f"{safe_name(writer)}-{self._token}-{self._counter:08d}.arrow"
+        relative = f"{_SNAPSHOTS}/{safe_name(group)}/{name}"
 
-    def _publish(self, batch: pa.RecordBatch, temporary: str, final: str) -> None:
-        if not self._local:
-            self._fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-            with self._fs.open_output_stream(temporary) as sink, ipc.new_file(sink, batch.schema) as out:
+        def write(sink: object) -> None:
+            with ipc.new_file(sink, batch.schema) as out:
                 out.write_batch(batch)
-            self._fs.move(temporary, final)
-            return
-        folder = os.path.dirname(final)
-        os.makedirs(folder, exist_ok=True)
-        try:
-            with open(temporary, "wb") as sink:
-                with ipc.new_file(sink, batch.schema) as out:
-                    out.write_batch(batch)
-                sink.flush()
-                os.fsync(sink.fileno())
-            os.replace(temporary, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
-            raise
-        # The rename itself must reach the disk before anyone commits the path.
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+
+        self._storage.publish(relative, write)
+        return relative
 
     def read_row(
         self, path: str, row: int, state_class: type[pydantic.BaseModel], *, identity: str, version: int
@@ -185,12 +141,12 @@ class SnapshotStore:
             if path in self._tables:
                 self._tables.move_to_end(path)
                 return self._tables[path]
-        full = self._full(path)
+        full = self._storage.full(path)
         try:
-            if self._local:
+            if self._storage.local:
                 table = ipc.open_file(pa.memory_map(full)).read_all()
             else:
-                with self._fs.open_input_file(full) as source:
+                with self._storage.fs.open_input_file(full) as source:
                     table = ipc.open_file(source).read_all()
             # Full validation turns a corrupt body into an error here, not a crash later.
             table.validate(full=True)
@@ -216,40 +172,39 @@ class SnapshotStore:
     def delete(self, paths: Iterable[str]) -> None:
         """Remove the files at ``paths`` (relative to the root); missing files are ignored."""
         for path in paths:
-            full = self._full(path)
+            self._storage.full(path)  # refuses a path outside the root before touching the cache
             with self._lock:
                 self._tables.pop(path, None)
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(full)
+            self._storage.delete(path)
 
     def _listing(self) -> list[pafs.FileInfo]:
-        selector = pafs.FileSelector(self._full(_SNAPSHOTS), recursive=True, allow_not_found=True)
-        return [info for info in self._fs.get_file_info(selector) if info.type == pafs.FileType.File]
+        return self._storage.list_files(_SNAPSHOTS)
 
     def _relative(self, info: pafs.FileInfo) -> str:
-        path: str = info.path
-        return path[len(self._root.rstrip("/")) + 1 :]
+        return self._storage.relative(info)
 
     def list_files(self) -> list[str]:
         """Relative paths of every published ``.arrow`` file under ``snapshots/``, sorted."""
         return sorted(
             self._relative(info)
             for info in self._listing()
-            if info.base_name.endswith(".arrow") and not info.base_name.startswith(_TEMP_PREFIX)
+            if info.base_name.endswith(".arrow") and not info.base_name.startswith(TEMP_PREFIX)
         )
 
     def collect_garbage(self, referenced: set[str], *, min_age: float = 60.0) -> list[str]:
         """Delete unreferenced snapshot files and leftover temp files older than ``min_age`` seconds.
 
         Young files survive because they may be written but not yet committed; files
-        whose age is unknown are kept. On remote stores, ``min_age`` must exceed the
-        clock skew between this host and the store. Returns the deleted relative paths.
+        whose age is unknown are kept. On remote stores the age comes from the store's
+        clock (on S3, ``LastModified``: the start of the upload, in whole seconds), so
+        ``min_age`` must exceed the clock skew between this host and the store plus the
+        longest upload. Only ``snapshots/`` is examined. Returns the deleted relative paths.
         """
         cutoff = time.time_ns() - int(min_age * 1e9)
         doomed = []
         for info in self._listing():
             relative = self._relative(info)
-            is_temp = info.base_name.startswith(_TEMP_PREFIX)
+            is_temp = info.base_name.startswith(TEMP_PREFIX)
             if not is_temp and (not info.base_name.endswith(".arrow") or relative in referenced):
                 continue
             if info.mtime_ns is not None and info.mtime_ns < cutoff:

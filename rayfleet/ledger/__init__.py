@@ -18,6 +18,7 @@ from ..identity._values import LeaseGrant as LeaseGrant
 from ..identity._values import SnapshotPointer as SnapshotPointer
 from ._contract import LedgerCall as LedgerCall
 from ._contract import LedgerClient as LedgerClient
+from ._location import LedgerLocation as LedgerLocation
 from ._values import Activation as Activation
 from ._values import CheckpointCommit as CheckpointCommit
 from ._values import EdgeRow as EdgeRow
@@ -36,6 +37,7 @@ __all__ = [
     # The contract
     "LedgerCall",
     "LedgerClient",
+    "LedgerLocation",
     # What operations take
     "CheckpointCommit",
     "SpecRecord",

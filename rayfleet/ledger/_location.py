@@ -77,11 +77,15 @@ class LedgerLocation:
             return self.url
         return redact(self.url)
 
-    def open_database(self) -> Database:
-        """Connect to the store (creating or migrating its schema)."""
-        if self.kind == "sqlite":
-            return SqliteDatabase(self.path)
-        return PostgresDatabase(self.url)
 
-    def open(self) -> Ledger:
-        return Ledger(self.open_database())
+
+def open_database(location: LedgerLocation) -> Database:
+    """Connect to the store at ``location`` (creating or migrating its schema)."""
+    if location.kind == "sqlite":
+        return SqliteDatabase(location.path)
+    return PostgresDatabase(location.url)
+
+
+def open_ledger(location: LedgerLocation) -> Ledger:
+    """The ledger at ``location``, opened in this process."""
+    return Ledger(open_database(location))

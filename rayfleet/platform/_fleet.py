@@ -15,6 +15,7 @@ from typing import Any, cast
 import cloudpickle
 import ray
 
+from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     DeadlineExceededError,
@@ -37,6 +38,7 @@ from ..identity._values import (
     LifecycleState,
     TopologyPolicy,
 )
+from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._values import HostInfo, SpecRecord
 from ..retry import RetryPolicy
@@ -69,7 +71,8 @@ class FleetConfig:
     address: str | None = None
     """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
     storage: str = DEFAULT_STORAGE
-    """Folder or URI for snapshots (and the SQLite ledger when it is a local folder)."""
+    """Folder or ``pyarrow.fs`` URI (``s3://bucket/prefix?...``) for snapshots and large journal
+    outputs, and for the SQLite ledger when it is a local folder."""
     ledger: str | None = None
     """Ledger URL: ``sqlite:///abs/path/ledger.sqlite`` or ``postgresql://user:password@host:5432/db``;
     ``None`` means ``RAYFLEET_LEDGER``, else a SQLite file ``<storage>/ledger.sqlite``."""
@@ -167,6 +170,7 @@ class Fleet:
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self._started_ray = False
+        self._closed = False
         if not ray.is_initialized():
             try:
                 ray.init(address=config.address, namespace=config.namespace, log_to_driver=True,
@@ -177,11 +181,16 @@ class Fleet:
         self.storage = _absolute_storage(config.storage)
         self.ledger_location = config.ledger_location(self.storage)
         """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
+        self._snapshots: SnapshotStore | None = None
+        self._journal_files: JournalFileStore | None = None
+        if "://" in self.storage:
+            # Reached once before any actor exists: a wrong endpoint or a missing bucket fails
+            # connect with a clear error instead of the first checkpoint, and creates nothing.
+            self._snapshot_store().storage.check()
         self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
                                     node=config.ledger_node)
         self._courier = Courier(HostDirectory(config.namespace), self._ledger)
-        self._runner = RunnerClient(config.namespace, self.ledger_location.url)
-        self._snapshots: SnapshotStore | None = None
+        self._runner = RunnerClient(config.namespace, self.ledger_location.url, self.storage)
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
@@ -519,7 +528,7 @@ class Fleet:
         run_id = run_id or new_run_id(workflow)
         self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
                                 definition=None, force=force).result()
-        return await execute_run(self._courier, workflow, run_id)
+        return await execute_run(self._courier, workflow, run_id, self._journal_file_store())
 
     def submit(self, workflow: Workflow, *, run_id: str | None = None) -> str:
         """Run a workflow in the detached runner actor, which survives this driver; returns the run id.
@@ -542,9 +551,15 @@ class Fleet:
         return self._snapshot_store().collect_garbage(referenced, min_age=min_age)
 
     def _snapshot_store(self) -> SnapshotStore:
+        # Made on first use: a local folder is created only when the driver itself needs it.
         if self._snapshots is None:
             self._snapshots = SnapshotStore(self.storage)
         return self._snapshots
+
+    def _journal_file_store(self) -> JournalFileStore:
+        if self._journal_files is None:
+            self._journal_files = JournalFileStore(self.storage)
+        return self._journal_files
 
     # -- events ---------------------------------------------------------------------
 
@@ -592,7 +607,10 @@ class Fleet:
 
     def shutdown(self, *, stop_actors: bool | None = None) -> None:
         """Disconnect; with ``stop_actors`` (default: when this driver started Ray) also
-        checkpoint every agent and stop the fleet's actors."""
+        checkpoint every agent and stop the fleet's actors. A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         stop = self._started_ray if stop_actors is None else stop_actors
         if stop:
             directory = self._courier.directory
@@ -607,6 +625,8 @@ class Fleet:
             self._runner.stop()
             if isinstance(self._ledger, RayLedgerClient):
                 ray.kill(self._ledger.actor)
+        if isinstance(self._ledger, LocalLedgerClient):
+            self._ledger.close()  # a direct client's connections and threads
         if self._started_ray:
             ray.shutdown()
 

@@ -57,7 +57,10 @@ class _Refusal:
         return (_Refusal, (self.error,))
 
 
-def _answer(operation: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _answer(refusal: RayfleetError | None, operation: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any:
+    if refusal is not None:
+        return _Refusal(refusal)
     try:
         return operation(*args, **kwargs)
     except RayfleetError as error:
@@ -80,153 +83,158 @@ class LedgerActor:
 
     def __init__(self, path: str, storage: str | None = None) -> None:
         self._ledger = Ledger(path)
+        self._refusal: RayfleetError | None = None
         if storage is not None:
             # A restarted actor checks again: it may have found an empty file on a new node.
-            bind_fleet(LocalLedgerClient(self._ledger), storage=storage, ledger_shown=self._ledger.location)
+            # A refusal answers every call (an exception here would only say "actor died").
+            try:
+                bind_fleet(LocalLedgerClient(self._ledger), storage=storage, ledger_shown=self._ledger.location)
+            except RayfleetError as error:
+                self._refusal = error
 
-    def incarnation(self) -> str:
-        return self._ledger.incarnation
+    def incarnation(self) -> Any:
+        return _answer(self._refusal, lambda: self._ledger.incarnation, (), {})
 
     def fleet_identity(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.fleet_identity, args, kwargs)
+        return _answer(self._refusal, self._ledger.fleet_identity, args, kwargs)
 
     def register_many(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.register_many, args, kwargs)
+        return _answer(self._refusal, self._ledger.register_many, args, kwargs)
 
     def register(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.register, args, kwargs)
+        return _answer(self._refusal, self._ledger.register, args, kwargs)
 
     def apply_specs(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.apply_specs, args, kwargs)
+        return _answer(self._refusal, self._ledger.apply_specs, args, kwargs)
 
     def resolve(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.resolve, args, kwargs)
+        return _answer(self._refusal, self._ledger.resolve, args, kwargs)
 
     def list_identities(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.list_identities, args, kwargs)
+        return _answer(self._refusal, self._ledger.list_identities, args, kwargs)
 
     def set_lifecycle(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.set_lifecycle, args, kwargs)
+        return _answer(self._refusal, self._ledger.set_lifecycle, args, kwargs)
 
     def reset(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.reset, args, kwargs)
+        return _answer(self._refusal, self._ledger.reset, args, kwargs)
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.delete, args, kwargs)
+        return _answer(self._refusal, self._ledger.delete, args, kwargs)
 
     def acquire(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.acquire, args, kwargs)
+        return _answer(self._refusal, self._ledger.acquire, args, kwargs)
 
     def renew(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.renew, args, kwargs)
+        return _answer(self._refusal, self._ledger.renew, args, kwargs)
 
     def release(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.release, args, kwargs)
+        return _answer(self._refusal, self._ledger.release, args, kwargs)
 
     def revoke_holder(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.revoke_holder, args, kwargs)
+        return _answer(self._refusal, self._ledger.revoke_holder, args, kwargs)
 
     def check_fence(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.check_fence, args, kwargs)
+        return _answer(self._refusal, self._ledger.check_fence, args, kwargs)
 
     def high_water(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.high_water, args, kwargs)
+        return _answer(self._refusal, self._ledger.high_water, args, kwargs)
 
     def commit_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.commit_checkpoints, args, kwargs)
+        return _answer(self._refusal, self._ledger.commit_checkpoints, args, kwargs)
 
     def dedup_window(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.dedup_window, args, kwargs)
+        return _answer(self._refusal, self._ledger.dedup_window, args, kwargs)
 
     def referenced_snapshot_files(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.referenced_snapshot_files, args, kwargs)
+        return _answer(self._refusal, self._ledger.referenced_snapshot_files, args, kwargs)
 
     def wired_peers(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.wired_peers, args, kwargs)
+        return _answer(self._refusal, self._ledger.wired_peers, args, kwargs)
 
     def set_desired_edge(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.set_desired_edge, args, kwargs)
+        return _answer(self._refusal, self._ledger.set_desired_edge, args, kwargs)
 
     def topology(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.topology, args, kwargs)
+        return _answer(self._refusal, self._ledger.topology, args, kwargs)
 
     def apply_topology(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.apply_topology, args, kwargs)
+        return _answer(self._refusal, self._ledger.apply_topology, args, kwargs)
 
     def create_run(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.create_run, args, kwargs)
+        return _answer(self._refusal, self._ledger.create_run, args, kwargs)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.run, args, kwargs)
+        return _answer(self._refusal, self._ledger.run, args, kwargs)
 
     def list_runs(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.list_runs, args, kwargs)
+        return _answer(self._refusal, self._ledger.list_runs, args, kwargs)
 
     def run_definition(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.run_definition, args, kwargs)
+        return _answer(self._refusal, self._ledger.run_definition, args, kwargs)
 
     def set_run_status(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.set_run_status, args, kwargs)
+        return _answer(self._refusal, self._ledger.set_run_status, args, kwargs)
 
     def request_run(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.request_run, args, kwargs)
+        return _answer(self._refusal, self._ledger.request_run, args, kwargs)
 
     def journal(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.journal, args, kwargs)
+        return _answer(self._refusal, self._ledger.journal, args, kwargs)
 
     def journal_step(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.journal_step, args, kwargs)
+        return _answer(self._refusal, self._ledger.journal_step, args, kwargs)
 
     def journal_compensation(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.journal_compensation, args, kwargs)
+        return _answer(self._refusal, self._ledger.journal_compensation, args, kwargs)
 
     def acquire_run_lease(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.acquire_run_lease, args, kwargs)
+        return _answer(self._refusal, self._ledger.acquire_run_lease, args, kwargs)
 
     def release_run_lease(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.release_run_lease, args, kwargs)
+        return _answer(self._refusal, self._ledger.release_run_lease, args, kwargs)
 
     def set_paused(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.set_paused, args, kwargs)
+        return _answer(self._refusal, self._ledger.set_paused, args, kwargs)
 
     def is_paused(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.is_paused, args, kwargs)
+        return _answer(self._refusal, self._ledger.is_paused, args, kwargs)
 
     def park(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.park, args, kwargs)
+        return _answer(self._refusal, self._ledger.park, args, kwargs)
 
     def parked(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.parked, args, kwargs)
+        return _answer(self._refusal, self._ledger.parked, args, kwargs)
 
     def unpark(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.unpark, args, kwargs)
+        return _answer(self._refusal, self._ledger.unpark, args, kwargs)
 
     def cancel_parked(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.cancel_parked, args, kwargs)
+        return _answer(self._refusal, self._ledger.cancel_parked, args, kwargs)
 
     def add_dead_letter(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.add_dead_letter, args, kwargs)
+        return _answer(self._refusal, self._ledger.add_dead_letter, args, kwargs)
 
     def dead_letters(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.dead_letters, args, kwargs)
+        return _answer(self._refusal, self._ledger.dead_letters, args, kwargs)
 
     def dead_letter(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.dead_letter, args, kwargs)
+        return _answer(self._refusal, self._ledger.dead_letter, args, kwargs)
 
     def purge_dead_letters(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.purge_dead_letters, args, kwargs)
+        return _answer(self._refusal, self._ledger.purge_dead_letters, args, kwargs)
 
     def register_host(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.register_host, args, kwargs)
+        return _answer(self._refusal, self._ledger.register_host, args, kwargs)
 
     def remove_host(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.remove_host, args, kwargs)
+        return _answer(self._refusal, self._ledger.remove_host, args, kwargs)
 
     def set_host_draining(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.set_host_draining, args, kwargs)
+        return _answer(self._refusal, self._ledger.set_host_draining, args, kwargs)
 
     def hosts(self, *args: Any, **kwargs: Any) -> Any:
-        return _answer(self._ledger.hosts, args, kwargs)
+        return _answer(self._refusal, self._ledger.hosts, args, kwargs)
 
 
 class _RayCall(Generic[T]):

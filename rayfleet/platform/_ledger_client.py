@@ -13,10 +13,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..errors import FleetUnavailableError
+from ..errors import FleetUnavailableError, RayfleetError
 from ..ledger._contract import LedgerClient
 from ..ledger._local import LocalLedgerClient
-from ..ledger._location import LedgerLocation
+from ..ledger._location import LedgerLocation, open_ledger
 from ._binding import bind_fleet
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
 
@@ -33,7 +33,7 @@ def connect_ledger(location: LedgerLocation, *, namespace: str) -> LedgerClient:
         LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
     """
     if location.networked:
-        return LocalLedgerClient(location.open(), threads=DIRECT_CLIENT_THREADS)
+        return LocalLedgerClient(open_ledger(location), threads=DIRECT_CLIENT_THREADS)
     try:
         return RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=namespace))
     except ValueError:
@@ -53,7 +53,7 @@ def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node
         LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
     """
     if location.networked:
-        client: LedgerClient = LocalLedgerClient(location.open(), threads=DIRECT_CLIENT_THREADS)
+        client: LedgerClient = LocalLedgerClient(open_ledger(location), threads=DIRECT_CLIENT_THREADS)
     else:
         strategy = NodeAffinitySchedulingStrategy(node_id=node or head_node_id(), soft=False)
         # ray.remote classes gain .options at run time; their stubs do not say so.
@@ -62,7 +62,13 @@ def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node
             scheduling_strategy=strategy,
         ).remote(str(location.path), storage)
         client = RayLedgerClient(handle)
-        client.incarnation().result()
+        try:
+            client.incarnation().result()
+        except RayfleetError:
+            # The actor refuses to serve (e.g. an empty ledger over this fleet's storage): remove
+            # it, so that connecting again with the right ledger does not find this one.
+            ray.kill(handle)
+            raise
     bind_fleet(client, storage=storage, ledger_shown=location.shown)
     return client
 

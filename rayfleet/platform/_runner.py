@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import io
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -23,10 +24,12 @@ import pyarrow as pa
 import pydantic
 import ray
 
+from ..checkpoints._journal_files import JournalFileStore
 from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
     RayfleetError,
+    WorkflowError,
 )
 from ..host._messages import Envelope
 from ..identity._handlers import Usage
@@ -48,8 +51,22 @@ UNFINISHED = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.PAUSED
 
 # -- step outputs in the journal ------------------------------------------------------
 
+SPILL_THRESHOLD = 256 * 1024
+"""Bytes: an encoded step output larger than this is written to a file under ``journal/`` in
+storage, and the ledger journals only a pointer to it (``b"F"``). Keeps large outputs out of
+the ledger's rows (and the one SQLite file) while small ones stay one ledger write."""
+
+_MODEL_CLASS = b"rayfleet.model_class"
+"""Schema metadata key of a spilled pydantic output: its class, cloudpickled."""
+
+
 def encode_output(value: Any) -> bytes:
-    """Tabular outputs and pydantic models as Arrow IPC, anything else with cloudpickle."""
+    """Tabular outputs and pydantic models as Arrow IPC, anything else with cloudpickle.
+
+    The first byte says which: ``A`` (an Arrow table), ``M`` (a pydantic model: its
+    pickled class, then a one-row table), ``P`` (cloudpickle). :func:`spill_output`
+    turns any of them into ``F``, a pointer to a file.
+    """
     if isinstance(value, (pa.Table, pa.RecordBatch)):
         table = value if isinstance(value, pa.Table) else pa.Table.from_batches([value])
         return b"A" + _ipc(table)
@@ -65,14 +82,59 @@ def encode_output(value: Any) -> bytes:
     return b"P" + pickled
 
 
-def decode_output(blob: bytes) -> Any:
+def spill_output(blob: bytes, files: JournalFileStore, *, run_id: str, label: str) -> bytes:
+    """Write an encoded output to a new immutable file and return the pointer to journal instead.
+
+    ``A`` and ``M`` outputs become Arrow IPC files (``.arrow``, readable by any Arrow
+    tool; a model's class is in the schema metadata), ``P`` outputs ``.bin`` files of
+    the cloudpickle bytes. The pointer is ``b"F"`` followed by the JSON
+    ``{"kind": "A"|"M"|"P", "path": "journal/...", "size": <bytes of the inline encoding>}``;
+    ``path`` is relative to the storage root.
+
+    Raises:
+        OSError (or ``pyarrow.ArrowException``): if the storage refuses the write.
+    """
     kind, body = blob[:1], blob[1:]
     if kind == b"A":
-        return pa.ipc.open_stream(body).read_all()
+        path = files.write_table(run_id=run_id, label=label, table=_read_ipc(body), metadata={})
+    elif kind == b"M":
+        size = int.from_bytes(body[:8], "big")
+        path = files.write_table(
+            run_id=run_id, label=label, table=_read_ipc(body[8 + size:]), metadata={_MODEL_CLASS: body[8:8 + size]},
+        )
+    elif kind == b"P":
+        path = files.write_bytes(run_id=run_id, label=label, content=body)
+    else:
+        raise ValueError(f"cannot spill an encoded output of kind {kind!r}")
+    pointer = {"kind": kind.decode(), "path": path, "size": len(blob)}
+    return b"F" + json.dumps(pointer, separators=(",", ":")).encode()
+
+
+def decode_output(blob: bytes, files: JournalFileStore | None = None) -> Any:
+    """The value :func:`encode_output` (and perhaps :func:`spill_output`) encoded.
+
+    Raises:
+        ValueError: ``blob`` points at a file but no ``files`` store was given.
+        FileNotFoundError, OSError, ``pyarrow.ArrowException``: the file cannot be read.
+    """
+    kind, body = blob[:1], blob[1:]
+    if kind == b"F":
+        pointer = json.loads(body)
+        if files is None:
+            raise ValueError(f"the output is in the file {pointer['path']!r}, and no storage was given to read it")
+        if pointer["kind"] == "P":
+            return cloudpickle.loads(files.read_bytes(pointer["path"]))
+        table = files.read_table(pointer["path"])
+        if pointer["kind"] == "A":
+            return table
+        model = cloudpickle.loads(table.schema.metadata[_MODEL_CLASS])
+        return model.model_validate(table.to_pylist()[0])
+    if kind == b"A":
+        return _read_ipc(body)
     if kind == b"M":
         size = int.from_bytes(body[:8], "big")
         model = cloudpickle.loads(body[8:8 + size])
-        return model.model_validate(pa.ipc.open_stream(body[8 + size:]).read_all().to_pylist()[0])
+        return model.model_validate(_read_ipc(body[8 + size:]).to_pylist()[0])
     return cloudpickle.loads(body)
 
 
@@ -81,6 +143,10 @@ def _ipc(table: pa.Table) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue()
+
+
+def _read_ipc(body: bytes) -> pa.Table:
+    return pa.ipc.open_stream(body).read_all()
 
 
 # -- the engine's collaborators over Ray ----------------------------------------------
@@ -121,21 +187,56 @@ class RayDispatcher:
 
 
 class LedgerJournal:
-    """The workflow journal in the ledger: a step's output is durable before dependents start."""
+    """The workflow journal in the ledger: a step's output is durable before dependents start.
 
-    def __init__(self, ledger: LedgerClient) -> None:
+    With ``files`` (the fleet's storage), an output whose encoding exceeds
+    :data:`SPILL_THRESHOLD` is first written to its own file under ``journal/``, and
+    the ledger row holds only the pointer; the file is complete before the pointer is
+    journaled, so a journaled step always reads back. Without ``files`` every output
+    is journaled inline.
+    """
+
+    def __init__(self, ledger: LedgerClient, files: JournalFileStore | None = None) -> None:
         self._ledger = ledger
+        self._files = files
 
     async def load(self, run_id: str) -> JournalState:
+        """Raises:
+            WorkflowError: a spilled output cannot be read back (named step, file and storage).
+        """
         journal = await self._ledger.journal(run_id)
+        outputs = {}
+        for entry in journal.steps:
+            if entry.output[:1] == b"F":
+                # Reading a file is blocking I/O (a network round trip on object stores): off the event loop.
+                outputs[entry.label] = await asyncio.to_thread(self._read_spilled, run_id, entry.label, entry.output)
+            else:
+                outputs[entry.label] = decode_output(entry.output)
         return JournalState(
-            outputs={entry.label: decode_output(entry.output) for entry in journal.steps},
+            outputs=outputs,
             completion_order=tuple(entry.label for entry in journal.steps),
             compensated=journal.compensated,
         )
 
+    def _read_spilled(self, run_id: str, label: str, pointer: bytes) -> Any:
+        try:
+            return decode_output(pointer, self._files)
+        except Exception as error:  # any failure to read it back is reported the same way
+            where = self._files.storage.display if self._files is not None else "no storage"
+            location = pointer[1:].decode(errors="replace")
+            raise WorkflowError(
+                f"run {run_id!r}: the journaled output of step {label!r} is a file ({location}) in "
+                f"{where!r} that cannot be read: {type(error).__name__}: {error}. Restore the file, or connect "
+                f"with the storage the run was written to, then resume the run",
+                run_id=run_id, step=label,
+            ) from error
+
     async def record_step(self, run_id: str, label: str, output: Any, tokens: int) -> None:
-        await self._ledger.journal_step(run_id=run_id, label=label, output=encode_output(output), tokens=int(tokens))
+        blob = encode_output(output)
+        if self._files is not None and len(blob) > SPILL_THRESHOLD:
+            # Blocking I/O (an upload on object stores): off the event loop.
+            blob = await asyncio.to_thread(spill_output, blob, self._files, run_id=run_id, label=label)
+        await self._ledger.journal_step(run_id=run_id, label=label, output=blob, tokens=int(tokens))
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str) -> None:
         await self._ledger.journal_compensation(run_id=run_id, label=label, ok=ok, error=error)
@@ -150,11 +251,16 @@ class LedgerJournal:
         await self._ledger.set_run_status(run_id=run_id, status=status.value, detail=detail)
 
 
-async def execute_run(courier: Courier, workflow: Workflow, run_id: str) -> WorkflowOutcome:
-    """Run (or resume) one run to its end and store its outcome in the ledger."""
+async def execute_run(
+    courier: Courier, workflow: Workflow, run_id: str, files: JournalFileStore | None = None,
+) -> WorkflowOutcome:
+    """Run (or resume) one run to its end and store its outcome in the ledger.
+
+    ``files`` is where large step outputs go (see :class:`LedgerJournal`).
+    """
     engine = WorkflowEngine(
-        workflow, run_id=run_id, dispatcher=RayDispatcher(courier, run_id), journal=LedgerJournal(courier.ledger),
-        sender=f"workflow:{run_id}",
+        workflow, run_id=run_id, dispatcher=RayDispatcher(courier, run_id),
+        journal=LedgerJournal(courier.ledger, files), sender=f"workflow:{run_id}",
     )
     outcome = await engine.run()
     # The engine already recorded the detail (including failed compensations); keep it.
@@ -181,9 +287,11 @@ def _pickle_outcome(outcome: WorkflowOutcome) -> bytes:
 class RunnerActor:
     """Runs submitted workflows; after a restart it resumes every unfinished one from the journal."""
 
-    def __init__(self, namespace: str, ledger: str) -> None:
+    def __init__(self, namespace: str, ledger: str, storage: str) -> None:
         self._namespace = namespace
         self._ledger_location = LedgerLocation.parse(ledger)
+        # The fleet's storage root, where large step outputs are journaled as files.
+        self._files = JournalFileStore(storage)
         self._tasks: dict[str, asyncio.Task[WorkflowOutcome]] = {}
         # Ray runs an async actor's __init__ with its event loop already running: start
         # resuming at once, so a restarted runner picks its runs up without being called.
@@ -224,7 +332,7 @@ class RunnerActor:
             if definition is None:
                 raise LookupError(f"run {run_id!r} has no stored definition")
             workflow: Workflow = cloudpickle.loads(definition)
-            return await execute_run(courier, workflow, run_id)
+            return await execute_run(courier, workflow, run_id, self._files)
         except Exception as error:
             # E.g. a builder pickled by reference to a module only the driver has: end the run, never hang it.
             log.exception("run %s failed outside its steps", run_id)
@@ -240,18 +348,22 @@ class RunnerActor:
 
 
 class RunnerClient:
-    """Hands submitted runs to the detached runner actor of one namespace, creating it if needed."""
+    """Hands submitted runs to the detached runner actor of one namespace, creating it if needed.
 
-    def __init__(self, namespace: str, ledger: str) -> None:
+    ``ledger`` is the ledger URL the runner connects to; ``storage`` the fleet's storage
+    root, for journal files.
+    """
+
+    def __init__(self, namespace: str, ledger: str, storage: str) -> None:
         self.namespace = namespace
         self.ledger = ledger
-        """The ledger URL the runner actor connects to."""
+        self.storage = storage
 
     def handle(self) -> ray.actor.ActorHandle:
         # ray.remote classes gain .options at run time; their stubs do not say so.
         handle: ray.actor.ActorHandle = RunnerActor.options(  # type: ignore[attr-defined]
             name=RUNNER_ACTOR_NAME, namespace=self.namespace, lifetime="detached", get_if_exists=True,
-        ).remote(self.namespace, self.ledger)
+        ).remote(self.namespace, self.ledger, self.storage)
         return handle
 
     def start(self, run_id: str, *, patience: float = 60.0) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pg_support
 import pytest
 import ray
 
@@ -50,4 +52,46 @@ def make_fleet(storage: Path) -> Iterator[object]:
 @pytest.fixture
 def fleet(make_fleet: object) -> rf.Fleet:
     return make_fleet()  # type: ignore[operator]
+
+
+@pytest.fixture
+def postgres_ledger() -> Iterator[str]:
+    """A ledger URL naming a fresh, empty database on the test PostgreSQL server (dropped afterwards)."""
+    url = pg_support.create_database()
+    yield url
+    pg_support.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_kind(request: pytest.FixtureRequest) -> str:
+    """Runs a test once per ledger store: the embedded SQLite ledger and a PostgreSQL one."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_any_fleet(make_fleet: Any, ledger_kind: str, request: pytest.FixtureRequest) -> Any:
+    """``make_fleet`` on the store of ``ledger_kind`` (one PostgreSQL database per test)."""
+    if ledger_kind == "sqlite":
+        return make_fleet
+    url = request.getfixturevalue("postgres_ledger")
+    made: list[rf.Fleet] = []
+
+    def make(**options: object) -> rf.Fleet:
+        fleet: rf.Fleet = make_fleet(ledger=url, **options)
+        made.append(fleet)
+        return fleet
+
+    def stop() -> None:
+        # Before the database is dropped (finalizers run last-registered first).
+        for fleet in made:
+            fleet.shutdown(stop_actors=True)
+
+    request.addfinalizer(stop)
+    return make
+
+
+@pytest.fixture
+def any_fleet(make_any_fleet: Any) -> rf.Fleet:
+    """A fleet on each ledger store in turn (see ``ledger_kind``)."""
+    return make_any_fleet()  # type: ignore[no-any-return]
 

@@ -21,10 +21,10 @@ class Counter(rf.Agent):
 
 
 @pytest.mark.timeout(120)
-def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_fleet) -> None:
+def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_any_fleet) -> None:
     # A long TTL keeps the zombie's background renewal (every TTL/3 = 20 s) from noticing
     # the revocation during the test: the zombie must believe its in-memory lease is healthy.
-    fleet: rf.Fleet = make_fleet(lease_ttl=60.0)
+    fleet: rf.Fleet = make_any_fleet(lease_ttl=60.0)
     identity = "zombie/counter"
     ref = fleet.spawn(identity, Counter)
     assert ref.call("add", n=1) == 1

@@ -20,7 +20,8 @@ class Counter(rf.Agent):  # exactly the README's agent
 
 
 @pytest.mark.timeout(120)
-def test_counter_survives_killing_its_host(fleet: rf.Fleet) -> None:
+def test_counter_survives_killing_its_host(any_fleet: rf.Fleet) -> None:
+    fleet = any_fleet
     alice = fleet.spawn("counter/alice", Counter)
     assert fleet.status("counter/alice").state is rf.LifecycleState.UNINITIALIZED
 

@@ -58,7 +58,8 @@ def failures(refs: list[rf.AgentRef], results: list[object]) -> dict[str, str]:
 
 
 @pytest.mark.timeout(180)
-def test_thousand_agents_on_two_hosts_keep_their_own_state(fleet: rf.Fleet) -> None:
+def test_thousand_agents_on_two_hosts_keep_their_own_state(any_fleet: rf.Fleet) -> None:
+    fleet = any_fleet
     refs = [fleet.spawn(f"scale/{i}", Counter) for i in range(AGENTS)]
     assert all(status.state is rf.LifecycleState.UNINITIALIZED for status in fleet.list_agents())
 

@@ -38,7 +38,7 @@ PINNED: dict[str, set[str]] = {
     "rayfleet.cli": {"main"},
     "rayfleet.demo": {"Bank", "Booking", "Counter", "Notebook", "Planner", "Researcher", "Reviewer"},
     "rayfleet.ledger": {"Activation", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
-                        "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "RegisterOutcome",
+                        "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "LedgerLocation", "RegisterOutcome",
                         "RunRecord", "SnapshotPointer", "SpecRecord", "StoredMessage", "TopologyChange",
                         "TopologySnapshot"},
 }
