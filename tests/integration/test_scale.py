@@ -97,7 +97,7 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
 
     At scale the stall is timing-dependent; this makes it deterministic. Holding the
     SQLite write lock on the ledger file (the documented ``<storage>/ledger.sqlite``,
-    ``fleet.ledger_path``) keeps the host's first batched lease acquisition in flight
+    ``fleet.ledger_location.path``) keeps the host's first batched lease acquisition in flight
     while a second activation arrives at the same host; that one must still be served
     once the ledger frees up, without any further activation to "nudge" it.
     """
@@ -105,7 +105,7 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
         fleet.spawn(name, Counter)
     host = ray.get_actor(fleet.hosts()[0].name, namespace=fleet.config.namespace)
 
-    blocker = sqlite3.connect(fleet.ledger_path, isolation_level=None)
+    blocker = sqlite3.connect(fleet.ledger_location.path, isolation_level=None)
     try:
         # The ledger waits (SQLite busy timeout: 5 s) for this lock before every write.
         blocker.execute("BEGIN IMMEDIATE")
