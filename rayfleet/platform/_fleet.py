@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import pickle
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -653,14 +655,54 @@ def pickle_spec(spec: AgentSpec) -> bytes:
     value: Ray workers do not see the driver's ``sys.path``, and on a laptop users
     expect a class defined next to their script to just work. Installed packages and
     ``"pkg.module:Class"`` paths are pickled by reference, as Ray users would expect.
+
+    The class is pickled once per process and its bytes reused for every spec that
+    names it, so creating many agents of one class costs little per agent.
     """
-    if not isinstance(spec.agent, str):
-        module = sys.modules.get(spec.agent.__module__)
+    if isinstance(spec.agent, str):
+        pickled: bytes = cloudpickle.dumps(spec)
+        return pickled
+    fields = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec) if field.name != "agent"}
+    package = _SpecPackage(fields, _class_bytes(spec.agent))
+    try:
+        return pickle.dumps(package, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        pickled = cloudpickle.dumps(package)  # e.g. a lambda in the spec's context
+        return pickled
+
+
+_CLASS_BYTES: dict[type[Agent], bytes] = {}
+
+
+def _class_bytes(agent: type[Agent]) -> bytes:
+    cached = _CLASS_BYTES.get(agent)
+    if cached is None:
+        module = sys.modules.get(agent.__module__)
         location = getattr(module, "__file__", None) or ""
         if module is not None and location and not _is_installed(location):
             cloudpickle.register_pickle_by_value(module)
-    pickled: bytes = cloudpickle.dumps(spec)
-    return pickled
+        cached = _CLASS_BYTES[agent] = cloudpickle.dumps(agent)
+    return cached
+
+
+class _SpecPackage:
+    """A spec in transit: its fields, and its agent class as bytes pickled once per class."""
+
+    __slots__ = ("class_bytes", "fields")
+
+    def __init__(self, fields: dict[str, Any], class_bytes: bytes) -> None:
+        self.fields = fields
+        self.class_bytes = class_bytes
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], bytes]]:
+        return (_rebuild_spec, (self.fields, self.class_bytes))
+
+
+def _rebuild_spec(fields: dict[str, Any], class_bytes: bytes) -> AgentSpec:
+    # cloudpickle keeps one class object per pickled class in a process, so every spec
+    # of one agent class rebuilds with the same class (State codecs and group commits
+    # are keyed by it).
+    return AgentSpec(agent=cloudpickle.loads(class_bytes), **fields)
 
 
 def _is_installed(path: str) -> bool:
