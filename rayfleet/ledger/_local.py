@@ -28,6 +28,7 @@ from ._values import (
     IdentityView,
     JournalRecord,
     RegisterOutcome,
+    RunLease,
     RunRecord,
     SpecRecord,
     StoredMessage,
@@ -160,9 +161,10 @@ class LocalLedgerClient:
         return _run(self.ledger.run_definition, run_id)
 
     def set_run_status(
-        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> LedgerCall[None]:
-        return _run(self.ledger.set_run_status, run_id=run_id, status=status, detail=detail, outcome=outcome)
+        return _run(self.ledger.set_run_status, run_id=run_id, fencing_token=fencing_token, status=status,
+                    detail=detail, outcome=outcome)
 
     def request_run(
         self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
@@ -172,17 +174,37 @@ class LocalLedgerClient:
     def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
         return _run(self.ledger.journal, run_id)
 
-    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
-        return _run(self.ledger.journal_step, run_id=run_id, label=label, output=output, tokens=tokens)
+    def journal_step(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> LedgerCall[None]:
+        return _run(self.ledger.journal_step, run_id=run_id, fencing_token=fencing_token, label=label, output=output,
+                    tokens=tokens)
 
-    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
-        return _run(self.ledger.journal_compensation, run_id=run_id, label=label, ok=ok, error=error)
+    def journal_compensation(
+        self, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str
+    ) -> LedgerCall[None]:
+        return _run(self.ledger.journal_compensation, run_id=run_id, fencing_token=fencing_token, label=label, ok=ok,
+                    error=error)
 
-    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
-        return _run(self.ledger.acquire_run_lease, run_id=run_id, holder=holder)
+    def acquire_run_lease(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunLease]:
+        return _run(self.ledger.acquire_run_lease, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from)
 
-    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
-        return _run(self.ledger.release_run_lease, run_id=run_id, holder=holder)
+    def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
+        return _run(self.ledger.renew_run_lease, run_id=run_id, holder=holder, token=token)
+
+    def release_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[bool]:
+        return _run(self.ledger.release_run_lease, run_id=run_id, holder=holder, token=token)
+
+    def acquire_step_lease(
+        self, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float
+    ) -> LedgerCall[int]:
+        return _run(self.ledger.acquire_step_lease, run_id=run_id, label=label, holder=holder,
+                    fencing_token=fencing_token, ttl=ttl)
+
+    def release_step_lease(self, *, run_id: str, label: str, holder: str, token: int) -> LedgerCall[bool]:
+        return _run(self.ledger.release_step_lease, run_id=run_id, label=label, holder=holder, token=token)
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
         return _run(self.ledger.set_paused, identity=identity, fencing_token=fencing_token, paused=paused)
