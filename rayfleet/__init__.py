@@ -33,9 +33,11 @@ from .errors import NotWiredError as NotWiredError
 from .errors import RayfleetError as RayfleetError
 from .errors import Retryable as Retryable
 from .errors import RunCancelledError as RunCancelledError
+from .errors import RunOwnedElsewhereError as RunOwnedElsewhereError
 from .errors import SnapshotError as SnapshotError
 from .errors import StaleCheckpointVersionError as StaleCheckpointVersionError
 from .errors import StaleFencingTokenError as StaleFencingTokenError
+from .errors import StaleRunTokenError as StaleRunTokenError
 from .errors import StepFailedError as StepFailedError
 from .errors import UnknownDeadLetterError as UnknownDeadLetterError
 from .errors import UnknownHandlerError as UnknownHandlerError
@@ -175,9 +177,11 @@ __all__ = [
     "NotWiredError",
     "RayfleetError",
     "RunCancelledError",
+    "RunOwnedElsewhereError",
     "SnapshotError",
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
+    "StaleRunTokenError",
     "StepFailedError",
     "UnknownDeadLetterError",
     "UnknownHandlerError",

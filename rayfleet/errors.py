@@ -28,7 +28,9 @@ catches one kind of failure without naming every leaf::
     │   ├── StepFailedError                           a workflow step failed
     │   ├── BudgetExceededError                       a workflow spent more than its budget
     │   ├── RunCancelledError                         a workflow run was cancelled
-    │   └── UnknownRunError (also KeyError)           no run has that id
+    │   ├── UnknownRunError (also KeyError)           no run has that id
+    │   ├── RunOwnedElsewhereError                    another live engine holds the run (or its step)
+    │   └── StaleRunTokenError                        an engine's run token was superseded
     ├── ModelError                                    a chat model server (url names which)
     │   ├── ModelRequestError                         the server refused the request (HTTP 4xx)
     │   ├── ModelResponseError (also ValueError)      the server answered something malformed
@@ -78,9 +80,11 @@ __all__ = [
     "RayfleetError",
     "Retryable",
     "RunCancelledError",
+    "RunOwnedElsewhereError",
     "SnapshotError",
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
+    "StaleRunTokenError",
     "StepFailedError",
     "UnknownDeadLetterError",
     "UnknownHandlerError",
@@ -574,6 +578,69 @@ class UnknownRunError(WorkflowError, KeyError):
 
     def __init__(self, *, run_id: str) -> None:
         super().__init__(f"there is no run {run_id!r}; list runs with fleet.runs.list_runs()", run_id=run_id)
+
+
+class RunOwnedElsewhereError(WorkflowError):
+    """A run (or one exclusive step of it) is held by another live engine; nothing was done.
+
+    Raised when an engine asks for a run's lease while another holder's lease is live,
+    and when it asks for an exclusive step's lease that another holder still has.
+
+    Attributes:
+        run_id: the run.
+        owner: the holder of the lease (``driver:...`` or ``runner:<namespace>:...``).
+        expires_in: seconds until that lease lapses unless its holder renews it.
+        step: the exclusive step whose lease is held, or ``""`` for the run's own lease.
+    """
+
+    run_id: str
+    owner: str
+    expires_in: float
+    step: str
+
+    def __init__(self, *, run_id: str, owner: str, expires_in: float, step: str = "") -> None:
+        what = f"step {step!r} of run {run_id!r}" if step else f"run {run_id!r}"
+        super().__init__(
+            f"{what} is held by {owner} (its lease lapses in {max(expires_in, 0.0):.1f} s unless renewed); "
+            f"one engine executes a run at a time. Follow it with fleet.runs.wait({run_id!r}); if that engine "
+            f"is gone, start the run again once its lease has lapsed.",
+            run_id=run_id,
+            owner=owner,
+            expires_in=expires_in,
+            step=step,
+        )
+
+
+class StaleRunTokenError(WorkflowError):
+    """An engine wrote for a run with a fencing token that is no longer the run's current one.
+
+    Another engine took the run over (its token is larger), or the lease was given up.
+    The refused engine stops at once: it dispatches, compensates and records nothing more.
+
+    Attributes:
+        run_id: the run.
+        presented: the token the write carried.
+        current: the run's high-water token in the ledger.
+    """
+
+    run_id: str
+    presented: int
+    current: int
+
+    def __init__(self, *, run_id: str, presented: int, current: int) -> None:
+        if presented > current:
+            why = f"token {presented} was never issued for run {run_id!r} (high-water {current})"
+        elif presented == current:
+            why = f"the lease of run {run_id!r} under token {presented} was given up"
+        else:
+            why = f"token {presented} for run {run_id!r} is stale (high-water {current}): another engine took it over"
+        super().__init__(
+            f"{why}; this engine stopped without writing anything more. Follow the run with "
+            f"fleet.runs.get({run_id!r}).",
+            run_id=run_id,
+            presented=presented,
+            current=current,
+        )
 
 
 # --------------------------------------------------------------------------- chat model servers

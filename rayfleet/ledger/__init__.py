@@ -27,6 +27,7 @@ from ._values import JournalEntry as JournalEntry
 from ._values import JournalRecord as JournalRecord
 from ._values import LeaseView as LeaseView
 from ._values import RegisterOutcome as RegisterOutcome
+from ._values import RunLease as RunLease
 from ._values import RunRecord as RunRecord
 from ._values import SpecRecord as SpecRecord
 from ._values import StoredMessage as StoredMessage
@@ -52,6 +53,7 @@ __all__ = [
     "LeaseGrant",
     "LeaseView",
     "RegisterOutcome",
+    "RunLease",
     "RunRecord",
     "SnapshotPointer",
     "StoredMessage",

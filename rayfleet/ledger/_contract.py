@@ -31,6 +31,7 @@ from ._values import (
     IdentityView,
     JournalRecord,
     RegisterOutcome,
+    RunLease,
     RunRecord,
     SpecRecord,
     StoredMessage,
@@ -175,9 +176,9 @@ class LedgerClient(Protocol):
         ...
 
     def set_run_status(
-        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> LedgerCall[None]:
-        """Record a run's status (``detail=None`` keeps the recorded detail)."""
+        """Record a run's status under the run's token (``detail=None`` keeps the recorded detail; fenced)."""
         ...
 
     def request_run(
@@ -190,20 +191,40 @@ class LedgerClient(Protocol):
         """A run's journaled steps and successful compensations."""
         ...
 
-    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
-        """Journal one step's output once (a repeat keeps the first)."""
+    def journal_step(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> LedgerCall[None]:
+        """Journal one step's output once (a repeat keeps the first; fenced by the run's token)."""
         ...
 
-    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
-        """Record a compensation and whether it succeeded."""
+    def journal_compensation(
+        self, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str
+    ) -> LedgerCall[None]:
+        """Record a compensation and whether it succeeded (fenced by the run's token)."""
         ...
 
-    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
-        """A strictly larger fencing token for an exclusive step of a run."""
+    def acquire_run_lease(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunLease]:
+        """Make ``holder`` the run's engine under a strictly larger token (``RunOwnedElsewhereError`` if held)."""
         ...
 
-    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
-        """Give up a run lease if ``holder`` still holds it."""
+    def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
+        """Extend a run lease still held under ``token`` (``StaleRunTokenError`` once it is not)."""
+        ...
+
+    def release_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[bool]:
+        """Give up a run lease still held under ``token``; the token stays the run's high-water."""
+        ...
+
+    def acquire_step_lease(
+        self, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float
+    ) -> LedgerCall[int]:
+        """Lease an exclusive step (fenced by the run's token); returns its strictly larger conversation fence."""
+        ...
+
+    def release_step_lease(self, *, run_id: str, label: str, holder: str, token: int) -> LedgerCall[bool]:
+        """Give up a step lease still held under ``token``."""
         ...
 
     # -- pause, parking and dead letters

@@ -41,6 +41,7 @@ from ._values import (
     IdentityView,
     JournalRecord,
     RegisterOutcome,
+    RunLease,
     RunRecord,
     SpecRecord,
     StoredMessage,
@@ -76,6 +77,7 @@ class Ledger:
         current = self._db.incarnation(tx)
         if _meta.get(tx, _meta.INCARNATION) != current:
             _leases.apply_lock_delay(tx, self._now(tx))
+            _runs.apply_lock_delay(tx, self._now(tx))
             _meta.put(tx, _meta.INCARNATION, current)
 
     def close(self) -> None:
@@ -298,12 +300,22 @@ class Ledger:
         return self._db.read(lambda tx: _runs.definition(tx, run_id))
 
     def set_run_status(
-        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> None:
-        """Record a run's status; ``detail=None`` keeps the detail already recorded."""
+        """Record a run's status (fenced by the run's token); ``detail=None`` keeps the detail already recorded.
+
+        Raises:
+            StaleRunTokenError: ``fencing_token`` is not the run's current token.
+        """
         self._db.write(
             lambda tx: _runs.set_status(
-                tx, run_id=run_id, status=status, detail=detail, outcome=outcome, now=self._now(tx)
+                tx,
+                run_id=run_id,
+                fencing_token=fencing_token,
+                status=status,
+                detail=detail,
+                outcome=outcome,
+                now=self._now(tx),
             )
         )
 
@@ -315,21 +327,89 @@ class Ledger:
         """A run's journaled step outputs (in completion order) and its successful compensations."""
         return self._db.read(lambda tx: _runs.journal(tx, run_id))
 
-    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
-        """Journal one step's output; a step is journaled once (a repeat keeps the first)."""
-        self._db.write(lambda tx: _runs.journal_step(tx, run_id=run_id, label=label, output=output, tokens=tokens))
+    def journal_step(self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int) -> None:
+        """Journal one step's output (fenced); a step is journaled once (a repeat keeps the first).
 
-    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> None:
-        """Record that a step's compensation ran, and whether it succeeded."""
-        self._db.write(lambda tx: _runs.journal_compensation(tx, run_id=run_id, label=label, ok=ok, error=error))
+        Raises:
+            StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
+        """
+        self._db.write(
+            lambda tx: _runs.journal_step(
+                tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
+            )
+        )
 
-    def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
-        """A strictly larger fencing token for an exclusive step of a run (persisted first)."""
-        return self._db.write(lambda tx: _runs.acquire_lease(tx, run_id=run_id, holder=holder))
+    def journal_compensation(self, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str) -> None:
+        """Record that a step's compensation ran, and whether it succeeded (fenced).
 
-    def release_run_lease(self, *, run_id: str, holder: str) -> None:
-        """Give up a run lease if ``holder`` still holds it."""
-        self._db.write(lambda tx: _runs.release_lease(tx, run_id=run_id, holder=holder))
+        Raises:
+            StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
+        """
+        self._db.write(
+            lambda tx: _runs.journal_compensation(
+                tx, run_id=run_id, fencing_token=fencing_token, label=label, ok=ok, error=error
+            )
+        )
+
+    def acquire_run_lease(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> RunLease:
+        """Make ``holder`` the engine of a run, under a token larger than any issued before for it.
+
+        Granted when the run's lease is free, released, lapsed, already ``holder``'s (a
+        new, larger token), or held by ``takeover_from`` (a holder the caller knows is
+        dead; its step leases are freed too). The token is persisted before the reply.
+
+        Raises:
+            RunOwnedElsewhereError: another holder's lease is live; it names the holder.
+            InvalidSpecError: ``ttl`` is not positive.
+        """
+        if ttl <= 0:
+            raise InvalidSpecError(f"run lease ttl must be positive, got {ttl!r}", field="ttl")
+        return self._db.write(
+            lambda tx: _runs.acquire_lease(
+                tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx)
+            )
+        )
+
+    def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> RunLease:
+        """Extend the run lease by its TTL if ``holder`` still holds it under ``token``.
+
+        Raises:
+            StaleRunTokenError: the token was superseded, or the lease was released.
+        """
+        return self._db.write(
+            lambda tx: _runs.renew_lease(tx, run_id=run_id, holder=holder, token=token, now=self._now(tx))
+        )
+
+    def release_run_lease(self, *, run_id: str, holder: str, token: int) -> bool:
+        """Give up the run lease if ``holder`` still holds it under ``token``; the token stays the high-water."""
+        return self._db.write(lambda tx: _runs.release_lease(tx, run_id=run_id, holder=holder, token=token))
+
+    def acquire_step_lease(self, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float) -> int:
+        """Lease exclusive step ``label`` of a run for ``ttl`` seconds; returns its conversation fence.
+
+        The fence is strictly larger than any step token issued before for the run.
+        ``fencing_token`` is the run's token: only the run's current engine gets a step lease.
+
+        Raises:
+            StaleRunTokenError: ``fencing_token`` is not the run's current token.
+            RunOwnedElsewhereError: the step's lease is held and has not lapsed (``step`` names it).
+            InvalidSpecError: ``ttl`` is not positive.
+        """
+        if ttl <= 0:
+            raise InvalidSpecError(f"step lease ttl must be positive, got {ttl!r}", field="ttl")
+        return self._db.write(
+            lambda tx: _runs.acquire_step_lease(
+                tx, run_id=run_id, label=label, holder=holder, fencing_token=fencing_token, ttl=ttl, now=self._now(tx)
+            )
+        )
+
+    def release_step_lease(self, *, run_id: str, label: str, holder: str, token: int) -> bool:
+        """Give up a step lease if ``holder`` still holds it under ``token``."""
+        return self._db.write(
+            lambda tx: _runs.release_step_lease(tx, run_id=run_id, label=label, holder=holder, token=token)
+        )
 
     # -- pause, parking and dead letters ------------------------------------------------
 

@@ -32,6 +32,7 @@ from ._values import (
     IdentityView,
     JournalRecord,
     RegisterOutcome,
+    RunLease,
     RunRecord,
     SpecRecord,
     StoredMessage,
@@ -96,7 +97,8 @@ class LocalLedgerClient:
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rayfleet-ledger")
-            if threads > 0 else None
+            if threads > 0
+            else None
         )
 
     def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> LedgerCall[T]:
@@ -131,11 +133,14 @@ class LocalLedgerClient:
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         return self._run(self.ledger.list_identities, labels=labels)
 
-    def set_lifecycle(
-        self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = ""
-    ) -> LedgerCall[None]:
-        return self._run(self.ledger.set_lifecycle, identity=identity, fencing_token=fencing_token, lifecycle=lifecycle,
-                    reason=reason)
+    def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> LedgerCall[None]:
+        return self._run(
+            self.ledger.set_lifecycle,
+            identity=identity,
+            fencing_token=fencing_token,
+            lifecycle=lifecycle,
+            reason=reason,
+        )
 
     def reset(self, *, identity: str, fencing_token: int) -> LedgerCall[ContinuityRecord]:
         return self._run(self.ledger.reset, identity=identity, fencing_token=fencing_token)
@@ -146,8 +151,9 @@ class LocalLedgerClient:
     def acquire(
         self, *, holder: str, identities: Iterable[str], ttl: float = DEFAULT_LEASE_TTL, create_continuity: bool = True
     ) -> LedgerCall[dict[str, Activation | LeaseDenied | RayfleetError]]:
-        return self._run(self.ledger.acquire, holder=holder, identities=identities, ttl=ttl,
-                    create_continuity=create_continuity)
+        return self._run(
+            self.ledger.acquire, holder=holder, identities=identities, ttl=ttl, create_continuity=create_continuity
+        )
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
         return self._run(self.ledger.renew, holder=holder, tokens=tokens)
@@ -188,8 +194,14 @@ class LocalLedgerClient:
     def create_run(
         self, *, run_id: str, workflow: str, code_version: str, definition: bytes | None, force: bool = False
     ) -> LedgerCall[str]:
-        return self._run(self.ledger.create_run, run_id=run_id, workflow=workflow, code_version=code_version,
-                    definition=definition, force=force)
+        return self._run(
+            self.ledger.create_run,
+            run_id=run_id,
+            workflow=workflow,
+            code_version=code_version,
+            definition=definition,
+            force=force,
+        )
 
     def run(self, run_id: str) -> LedgerCall[RunRecord | None]:
         return self._run(self.ledger.run, run_id)
@@ -201,29 +213,74 @@ class LocalLedgerClient:
         return self._run(self.ledger.run_definition, run_id)
 
     def set_run_status(
-        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> LedgerCall[None]:
-        return self._run(self.ledger.set_run_status, run_id=run_id, status=status, detail=detail, outcome=outcome)
+        return self._run(
+            self.ledger.set_run_status,
+            run_id=run_id,
+            fencing_token=fencing_token,
+            status=status,
+            detail=detail,
+            outcome=outcome,
+        )
 
-    def request_run(
-        self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
-    ) -> LedgerCall[bool]:
+    def request_run(self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None) -> LedgerCall[bool]:
         return self._run(self.ledger.request_run, run_id=run_id, cancel=cancel, pause=pause)
 
     def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
         return self._run(self.ledger.journal, run_id)
 
-    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
-        return self._run(self.ledger.journal_step, run_id=run_id, label=label, output=output, tokens=tokens)
+    def journal_step(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> LedgerCall[None]:
+        return self._run(
+            self.ledger.journal_step,
+            run_id=run_id,
+            fencing_token=fencing_token,
+            label=label,
+            output=output,
+            tokens=tokens,
+        )
 
-    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
-        return self._run(self.ledger.journal_compensation, run_id=run_id, label=label, ok=ok, error=error)
+    def journal_compensation(
+        self, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str
+    ) -> LedgerCall[None]:
+        return self._run(
+            self.ledger.journal_compensation,
+            run_id=run_id,
+            fencing_token=fencing_token,
+            label=label,
+            ok=ok,
+            error=error,
+        )
 
-    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
-        return self._run(self.ledger.acquire_run_lease, run_id=run_id, holder=holder)
+    def acquire_run_lease(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunLease]:
+        return self._run(
+            self.ledger.acquire_run_lease, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from
+        )
 
-    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
-        return self._run(self.ledger.release_run_lease, run_id=run_id, holder=holder)
+    def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
+        return self._run(self.ledger.renew_run_lease, run_id=run_id, holder=holder, token=token)
+
+    def release_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[bool]:
+        return self._run(self.ledger.release_run_lease, run_id=run_id, holder=holder, token=token)
+
+    def acquire_step_lease(
+        self, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float
+    ) -> LedgerCall[int]:
+        return self._run(
+            self.ledger.acquire_step_lease,
+            run_id=run_id,
+            label=label,
+            holder=holder,
+            fencing_token=fencing_token,
+            ttl=ttl,
+        )
+
+    def release_step_lease(self, *, run_id: str, label: str, holder: str, token: int) -> LedgerCall[bool]:
+        return self._run(self.ledger.release_step_lease, run_id=run_id, label=label, holder=holder, token=token)
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
         return self._run(self.ledger.set_paused, identity=identity, fencing_token=fencing_token, paused=paused)
@@ -232,8 +289,9 @@ class LocalLedgerClient:
         return self._run(self.ledger.is_paused, identity)
 
     def park(self, *, identity: str, fencing_token: int, message_id: str, envelope: bytes) -> LedgerCall[int]:
-        return self._run(self.ledger.park, identity=identity, fencing_token=fencing_token, message_id=message_id,
-                    envelope=envelope)
+        return self._run(
+            self.ledger.park, identity=identity, fencing_token=fencing_token, message_id=message_id, envelope=envelope
+        )
 
     def parked(self, identity: str, *, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
         return self._run(self.ledger.parked, identity, limit=limit)
@@ -247,8 +305,15 @@ class LocalLedgerClient:
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int
     ) -> LedgerCall[int]:
-        return self._run(self.ledger.add_dead_letter, identity=identity, message_id=message_id, envelope=envelope,
-                    reason=reason, error=error, attempts=attempts)
+        return self._run(
+            self.ledger.add_dead_letter,
+            identity=identity,
+            message_id=message_id,
+            envelope=envelope,
+            reason=reason,
+            error=error,
+            attempts=attempts,
+        )
 
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
         return self._run(self.ledger.dead_letters, identity=identity, limit=limit)

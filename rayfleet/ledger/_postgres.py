@@ -184,6 +184,24 @@ CREATE TABLE IF NOT EXISTS ledger_meta (
     value TEXT NOT NULL
 )
 """,
+    """
+CREATE TABLE IF NOT EXISTS run_owners (
+    run_id TEXT PRIMARY KEY,
+    holder TEXT,
+    token BIGINT NOT NULL,
+    ttl DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS step_leases (
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    token BIGINT NOT NULL,
+    ttl DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, label)
+)
+""",
 )
 
 

@@ -1,8 +1,26 @@
-"""The run registry, the workflow journal, compensation records and run leases.
+"""The run registry, the workflow journal, compensation records, run leases and step leases.
 
-A step is journaled once: a repeated write keeps the first output, so a resumed run
-re-derives exactly what the first attempt recorded. A run lease's token is persisted
-before it is returned, like an identity's.
+* A step is journaled once: a repeated write keeps the first output, so a resumed run
+  re-derives exactly what the first attempt recorded.
+* **One engine per run.** The engine executing a run holds the run's lease (holder,
+  TTL, renewal). A grant's token is strictly larger than every token issued before
+  for the run and is persisted in the grant's transaction; the high-water mark is kept
+  forever. A live lease of another holder is refused (:class:`RunOwnedElsewhereError`)
+  unless the caller names that holder as known dead (``takeover_from``); a lapsed one
+  can be taken by anyone; the same holder re-acquiring gets a larger token.
+* **Fenced writes.** Every write an engine makes for a run (journal entries,
+  compensation records, status, step leases) presents ``(run_id, token)`` and is
+  checked in the transaction that writes: any token but the run's high-water mark is
+  refused with :class:`StaleRunTokenError`. As for identities, fencing and not the
+  clock decides: a lapsed lease nobody took still writes and renews.
+* **Exclusive steps.** An exclusive step holds a step lease on ``(run_id, label)``
+  whose token (the conversation fence ``run/label``) is strictly larger than any step
+  token issued before for the run. While it is held and has not lapsed, nobody else
+  gets it, whatever holder name they give; its TTL bounds it by the step's dispatch.
+  Taking a run from a holder known dead frees that run's step leases too.
+
+The rules themselves live in ``_run_rules``, free of any store, so the in-memory
+journal of ``rayfleet.testing`` applies exactly the same ones.
 """
 
 from __future__ import annotations
@@ -10,12 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import InvalidSpecError
+from ._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
 from ._store import Row, Transaction
-from ._values import JournalEntry, JournalRecord, RunRecord
+from ._values import JournalEntry, JournalRecord, RunLease, RunRecord
 
 ENDED = ("COMPLETED", "COMPENSATED", "FAILED", "CANCELLED")
-_RUN_COLUMNS = ("run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
-                "created_at, updated_at, outcome, definition IS NOT NULL")
+_RUN_COLUMNS = ("runs.run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
+                "created_at, updated_at, outcome, definition IS NOT NULL, run_owners.holder")
+_RUNS_WITH_OWNER = "runs LEFT JOIN run_owners ON run_owners.run_id = runs.run_id"
 
 
 def create(
@@ -51,17 +71,17 @@ def create(
 
 
 def get(tx: Transaction, run_id: str) -> RunRecord | None:
-    row = tx.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    row = tx.execute(f"SELECT {_RUN_COLUMNS} FROM {_RUNS_WITH_OWNER} WHERE runs.run_id = ?", (run_id,)).fetchone()
     return None if row is None else _record(row)
 
 
 def list_runs(tx: Transaction, statuses: Sequence[str] | None) -> list[RunRecord]:
-    query = f"SELECT {_RUN_COLUMNS} FROM runs"
+    query = f"SELECT {_RUN_COLUMNS} FROM {_RUNS_WITH_OWNER}"
     parameters: list[object] = []
     if statuses:
         query += f" WHERE status IN ({', '.join('?' * len(statuses))})"
         parameters.extend(statuses)
-    return [_record(row) for row in tx.execute(query + " ORDER BY created_at, run_id", parameters).fetchall()]
+    return [_record(row) for row in tx.execute(query + " ORDER BY created_at, runs.run_id", parameters).fetchall()]
 
 
 def definition(tx: Transaction, run_id: str) -> bytes | None:
@@ -70,8 +90,10 @@ def definition(tx: Transaction, run_id: str) -> bytes | None:
 
 
 def set_status(
-    tx: Transaction, *, run_id: str, status: str, detail: str | None, outcome: bytes | None, now: float
+    tx: Transaction, *, run_id: str, fencing_token: int, status: str, detail: str | None, outcome: bytes | None,
+    now: float,
 ) -> None:
+    check_fence(tx, run_id, fencing_token)
     tx.execute(
         "UPDATE runs SET status = ?, detail = COALESCE(?, detail), outcome = COALESCE(?, outcome), "
         "updated_at = ? WHERE run_id = ?",
@@ -100,7 +122,8 @@ def journal(tx: Transaction, run_id: str) -> JournalRecord:
     )
 
 
-def journal_step(tx: Transaction, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
+def journal_step(tx: Transaction, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int) -> None:
+    check_fence(tx, run_id, fencing_token)
     row = tx.execute("SELECT COALESCE(MAX(seq), 0) FROM journal WHERE run_id = ?", (run_id,)).fetchone()
     seq = (row[0] if row else 0) + 1
     tx.execute(
@@ -109,31 +132,111 @@ def journal_step(tx: Transaction, *, run_id: str, label: str, output: bytes, tok
     )
 
 
-def journal_compensation(tx: Transaction, *, run_id: str, label: str, ok: bool, error: str) -> None:
+def journal_compensation(
+    tx: Transaction, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str
+) -> None:
+    check_fence(tx, run_id, fencing_token)
     row = tx.execute("SELECT COALESCE(MAX(seq), 0) FROM compensations WHERE run_id = ?", (run_id,)).fetchone()
     seq = (row[0] if row else 0) + 1
     tx.execute("INSERT INTO compensations (run_id, label, ok, error, seq) VALUES (?, ?, ?, ?, ?)",
                (run_id, label, int(ok), error, seq))
 
 
-def acquire_lease(tx: Transaction, *, run_id: str, holder: str) -> int:
+# -- run leases --------------------------------------------------------------------
+
+def _holding(tx: Transaction, run_id: str) -> Holding | None:
+    row = tx.execute("SELECT holder, token, expires_at FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else Holding(holder=row[0], token=int(row[1]), expires_at=float(row[2]))
+
+
+def check_fence(tx: Transaction, run_id: str, token: int) -> None:
+    """Raise ``StaleRunTokenError`` unless ``token`` is the run's high-water token."""
+    current = _holding(tx, run_id)
+    refusal = fence_refusal(run_id=run_id, high_water=0 if current is None else current.token, presented=token)
+    if refusal is not None:
+        raise refusal
+
+
+def acquire_lease(
+    tx: Transaction, *, run_id: str, holder: str, ttl: float, takeover_from: str | None, now: float
+) -> RunLease:
+    current = _holding(tx, run_id)
+    refusal = grant_refusal(run_id=run_id, current=current, holder=holder, now=now, takeover_from=takeover_from)
+    if refusal is not None:
+        raise refusal
+    token = (0 if current is None else current.token) + 1
+    tx.execute(
+        "INSERT INTO run_owners (run_id, holder, token, ttl, expires_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(run_id) DO UPDATE SET holder = excluded.holder, token = excluded.token, ttl = excluded.ttl, "
+        "expires_at = excluded.expires_at",
+        (run_id, holder, token, ttl, now + ttl),
+    )
+    if takeover_from is not None and current is not None and current.holder == takeover_from != holder:
+        # The caller knows the previous engine is dead: its exclusive steps will not finish.
+        tx.execute("DELETE FROM step_leases WHERE run_id = ?", (run_id,))
+    return RunLease(run_id=run_id, holder=holder, token=token, ttl=ttl)
+
+
+def renew_lease(tx: Transaction, *, run_id: str, holder: str, token: int, now: float) -> RunLease:
+    refusal = renew_refusal(run_id=run_id, current=_holding(tx, run_id), holder=holder, token=token)
+    if refusal is not None:
+        raise refusal
+    row = tx.execute("SELECT ttl FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
+    assert row is not None  # renew_refusal refuses a run with no lease
+    ttl = float(row[0])
+    tx.execute("UPDATE run_owners SET expires_at = ? WHERE run_id = ?", (now + ttl, run_id))
+    return RunLease(run_id=run_id, holder=holder, token=token, ttl=ttl)
+
+
+def release_lease(tx: Transaction, *, run_id: str, holder: str, token: int) -> bool:
+    # The token stays as the run's high-water mark, so no earlier token can write again.
+    return bool(tx.execute("UPDATE run_owners SET holder = NULL WHERE run_id = ? AND holder = ? AND token = ?",
+                           (run_id, holder, token)).rowcount)
+
+
+def apply_lock_delay(tx: Transaction, now: float) -> None:
+    """Keep leases found held when the ledger opens for one TTL: their holders may be alive."""
+    for table in ("run_owners", "step_leases"):
+        tx.execute(f"UPDATE {table} SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
+                   f"WHERE holder IS NOT NULL", (now, now))
+
+
+# -- step leases -------------------------------------------------------------------
+
+def acquire_step_lease(
+    tx: Transaction, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float, now: float
+) -> int:
+    check_fence(tx, run_id, fencing_token)
+    row = tx.execute("SELECT holder, token, expires_at FROM step_leases WHERE run_id = ? AND label = ?",
+                     (run_id, label)).fetchone()
+    current = None if row is None else Holding(holder=row[0], token=int(row[1]), expires_at=float(row[2]))
+    refusal = grant_refusal(run_id=run_id, current=current, holder=holder, now=now, step=label)
+    if refusal is not None:
+        raise refusal
     row = tx.execute("SELECT high_water FROM run_leases WHERE run_id = ?", (run_id,)).fetchone()
     token = 1 if row is None else int(row[0]) + 1
     tx.execute(
-        "INSERT INTO run_leases (run_id, high_water, holder) VALUES (?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
-        "high_water = excluded.high_water, holder = excluded.holder",
-        (run_id, token, holder),
+        "INSERT INTO run_leases (run_id, high_water) VALUES (?, ?) "
+        "ON CONFLICT(run_id) DO UPDATE SET high_water = excluded.high_water",
+        (run_id, token),
+    )
+    tx.execute(
+        "INSERT INTO step_leases (run_id, label, holder, token, ttl, expires_at) VALUES (?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(run_id, label) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+        "ttl = excluded.ttl, expires_at = excluded.expires_at",
+        (run_id, label, holder, token, ttl, now + ttl),
     )
     return token
 
 
-def release_lease(tx: Transaction, *, run_id: str, holder: str) -> None:
-    tx.execute("UPDATE run_leases SET holder = NULL WHERE run_id = ? AND holder = ?", (run_id, holder))
+def release_step_lease(tx: Transaction, *, run_id: str, label: str, holder: str, token: int) -> bool:
+    return bool(tx.execute("DELETE FROM step_leases WHERE run_id = ? AND label = ? AND holder = ? AND token = ?",
+                           (run_id, label, holder, token)).rowcount)
 
 
 def _record(row: Row) -> RunRecord:
     return RunRecord(
         run_id=row[0], workflow=row[1], code_version=row[2], status=row[3], detail=row[4],
         cancel_requested=bool(row[5]), pause_requested=bool(row[6]), created_at=row[7], updated_at=row[8],
-        outcome=None if row[9] is None else bytes(row[9]), submitted=bool(row[10]),
+        outcome=None if row[9] is None else bytes(row[9]), submitted=bool(row[10]), owner=row[11],
     )

@@ -166,6 +166,27 @@ CREATE TABLE IF NOT EXISTS ledger_meta (
     value TEXT NOT NULL
 );
 """,
+    # 3: run ownership (the engine's lease and the run's token high-water, kept forever;
+    # holder NULL once released) and exclusive-step leases. Step tokens keep coming from
+    # run_leases.high_water; its holder column is no longer used.
+    """
+CREATE TABLE IF NOT EXISTS run_owners (
+    run_id TEXT PRIMARY KEY,
+    holder TEXT,
+    token INTEGER NOT NULL,
+    ttl REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS step_leases (
+    run_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    ttl REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (run_id, label)
+);
+""",
 )
 
 

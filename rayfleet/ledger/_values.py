@@ -184,6 +184,25 @@ class RunRecord:
     """The pickled ``WorkflowOutcome`` once the run ended."""
     submitted: bool
     """The run was submitted to the runner (its pickled definition is stored)."""
+    owner: str | None = None
+    """The holder of the run's lease (the engine executing it), or ``None`` once released.
+
+    A holder whose lease lapsed is still named here until another engine takes the run.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunLease:
+    """A granted run lease: ``holder`` executes ``run_id`` and writes for it under ``token``.
+
+    ``token`` is strictly larger than every token issued before for the run; the lease
+    lasts ``ttl`` seconds from its grant or last renewal.
+    """
+
+    run_id: str
+    holder: str
+    token: int
+    ttl: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -52,7 +52,14 @@ from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
 from ._routing import Courier, HostDirectory, HostRequest
-from ._runner import RunnerClient, execute_run, new_run_id
+from ._runner import (
+    RUNNER_ACTOR_NAME,
+    RunnerClient,
+    driver_holder,
+    execute_run,
+    new_run_id,
+    runner_holder_prefix,
+)
 from ._runs_client import RunsClient
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
@@ -511,8 +518,16 @@ class Fleet:
         raise: the outcome's ``status`` is COMPENSATED or FAILED and ``error`` holds
         the typed error (``outcome.raise_error()`` raises it).
 
+        The run's lease makes this process its one engine while it runs: resuming a run
+        that another live engine executes (the runner, or another ``fleet.run``) is
+        refused, and nothing is done. A run whose runner actor no longer exists is
+        taken over at once; one left by a vanished driver, once that driver's lease
+        has lapsed (its TTL, 10 s by default).
+
         Raises:
             InvalidSpecError: the workflow is not valid (named step), or a code-version mismatch.
+            RunOwnedElsewhereError: another live engine holds the run (the error names it).
+            StaleRunTokenError: another engine took the run over while this one ran it.
             UsageError: called from a running event loop (use ``await fleet.run_async(wf)``).
         """
         try:
@@ -530,7 +545,19 @@ class Fleet:
         run_id = run_id or new_run_id(workflow)
         self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
                                 definition=None, force=force).result()
-        return await execute_run(self._courier, workflow, run_id, self._journal_file_store())
+        record = self._ledger.run(run_id).result()
+        return await execute_run(self._courier, workflow, run_id, self._journal_file_store(), holder=driver_holder(),
+                                 takeover_from=self._dead_runner(None if record is None else record.owner))
+
+    def _dead_runner(self, owner: str | None) -> str | None:
+        """``owner`` if it names a runner of this fleet and Ray knows no runner actor any more."""
+        if owner is None or not owner.startswith(runner_holder_prefix(self.config.namespace)):
+            return None
+        try:
+            ray.get_actor(RUNNER_ACTOR_NAME, namespace=self.config.namespace)
+        except ValueError:
+            return owner  # killed for good: its engine is gone with it
+        return None  # alive or restarting: the runner resumes the run itself
 
     def submit(self, workflow: Workflow, *, run_id: str | None = None) -> str:
         """Run a workflow in the detached runner actor, which survives this driver; returns the run id.

@@ -32,6 +32,7 @@ from ..ledger._values import (
     IdentityView,
     JournalRecord,
     RegisterOutcome,
+    RunLease,
     RunRecord,
     SpecRecord,
     StoredMessage,
@@ -191,8 +192,17 @@ class LedgerActor:
     def acquire_run_lease(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.acquire_run_lease, args, kwargs)
 
+    def renew_run_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.renew_run_lease, args, kwargs)
+
     def release_run_lease(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.release_run_lease, args, kwargs)
+
+    def acquire_step_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.acquire_step_lease, args, kwargs)
+
+    def release_step_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.release_step_lease, args, kwargs)
 
     def set_paused(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.set_paused, args, kwargs)
@@ -356,9 +366,11 @@ class RayLedgerClient:
         return _RayCall(self.actor.run_definition.remote(run_id))
 
     def set_run_status(
-        self, *, run_id: str, status: str, detail: str | None = "", outcome: bytes | None = None
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
     ) -> LedgerCall[None]:
-        return _RayCall(self.actor.set_run_status.remote(run_id=run_id, status=status, detail=detail, outcome=outcome))
+        return _RayCall(self.actor.set_run_status.remote(
+            run_id=run_id, fencing_token=fencing_token, status=status, detail=detail, outcome=outcome
+        ))
 
     def request_run(
         self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None
@@ -368,17 +380,42 @@ class RayLedgerClient:
     def journal(self, run_id: str) -> LedgerCall[JournalRecord]:
         return _RayCall(self.actor.journal.remote(run_id))
 
-    def journal_step(self, *, run_id: str, label: str, output: bytes, tokens: int) -> LedgerCall[None]:
-        return _RayCall(self.actor.journal_step.remote(run_id=run_id, label=label, output=output, tokens=tokens))
+    def journal_step(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> LedgerCall[None]:
+        return _RayCall(self.actor.journal_step.remote(
+            run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
+        ))
 
-    def journal_compensation(self, *, run_id: str, label: str, ok: bool, error: str) -> LedgerCall[None]:
-        return _RayCall(self.actor.journal_compensation.remote(run_id=run_id, label=label, ok=ok, error=error))
+    def journal_compensation(
+        self, *, run_id: str, fencing_token: int, label: str, ok: bool, error: str
+    ) -> LedgerCall[None]:
+        return _RayCall(self.actor.journal_compensation.remote(
+            run_id=run_id, fencing_token=fencing_token, label=label, ok=ok, error=error
+        ))
 
-    def acquire_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[int]:
-        return _RayCall(self.actor.acquire_run_lease.remote(run_id=run_id, holder=holder))
+    def acquire_run_lease(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunLease]:
+        return _RayCall(self.actor.acquire_run_lease.remote(
+            run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from
+        ))
 
-    def release_run_lease(self, *, run_id: str, holder: str) -> LedgerCall[None]:
-        return _RayCall(self.actor.release_run_lease.remote(run_id=run_id, holder=holder))
+    def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
+        return _RayCall(self.actor.renew_run_lease.remote(run_id=run_id, holder=holder, token=token))
+
+    def release_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[bool]:
+        return _RayCall(self.actor.release_run_lease.remote(run_id=run_id, holder=holder, token=token))
+
+    def acquire_step_lease(
+        self, *, run_id: str, label: str, holder: str, fencing_token: int, ttl: float
+    ) -> LedgerCall[int]:
+        return _RayCall(self.actor.acquire_step_lease.remote(
+            run_id=run_id, label=label, holder=holder, fencing_token=fencing_token, ttl=ttl
+        ))
+
+    def release_step_lease(self, *, run_id: str, label: str, holder: str, token: int) -> LedgerCall[bool]:
+        return _RayCall(self.actor.release_step_lease.remote(run_id=run_id, label=label, holder=holder, token=token))
 
     def set_paused(self, *, identity: str, fencing_token: int, paused: bool) -> LedgerCall[None]:
         return _RayCall(self.actor.set_paused.remote(identity=identity, fencing_token=fencing_token, paused=paused))

@@ -14,6 +14,8 @@ import io
 import itertools
 import json
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Mapping
@@ -29,6 +31,8 @@ from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
     RayfleetError,
+    RunOwnedElsewhereError,
+    StaleRunTokenError,
     WorkflowError,
 )
 from ..host._messages import Envelope
@@ -36,6 +40,7 @@ from ..identity._handlers import Usage
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
+from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
 from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
@@ -179,15 +184,12 @@ class RayDispatcher:
         views = await self._ledger.list_identities(labels=dict(labels))
         return sorted(view.identity for view in views if view.lifecycle == PERSISTED_LIVE)
 
-    async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
-        return await self._ledger.acquire_run_lease(run_id=run_id, holder=holder)
-
-    async def release_run_lease(self, *, run_id: str, holder: str) -> None:
-        await self._ledger.release_run_lease(run_id=run_id, holder=holder)
-
 
 class LedgerJournal:
     """The workflow journal in the ledger: a step's output is durable before dependents start.
+
+    Every write carries the run's token and the ledger checks it in the writing
+    transaction; leases are the ledger's run and step leases.
 
     With ``files`` (the fleet's storage), an output whose encoding exceeds
     :data:`SPILL_THRESHOLD` is first written to its own file under ``journal/``, and
@@ -199,6 +201,24 @@ class LedgerJournal:
     def __init__(self, ledger: LedgerClient, files: JournalFileStore | None = None) -> None:
         self._ledger = ledger
         self._files = files
+
+    async def acquire_lease(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> int:
+        lease = await self._ledger.acquire_run_lease(run_id=run_id, holder=holder, ttl=ttl,
+                                                     takeover_from=takeover_from)
+        return lease.token
+
+    async def renew_lease(self, run_id: str, holder: str, token: int) -> None:
+        await self._ledger.renew_run_lease(run_id=run_id, holder=holder, token=token)
+
+    async def release_lease(self, run_id: str, holder: str, token: int) -> None:
+        await self._ledger.release_run_lease(run_id=run_id, holder=holder, token=token)
+
+    async def acquire_step_lease(self, run_id: str, label: str, holder: str, *, token: int, ttl: float) -> int:
+        return await self._ledger.acquire_step_lease(run_id=run_id, label=label, holder=holder,
+                                                     fencing_token=token, ttl=ttl)
+
+    async def release_step_lease(self, run_id: str, label: str, holder: str, step_token: int) -> None:
+        await self._ledger.release_step_lease(run_id=run_id, label=label, holder=holder, token=step_token)
 
     async def load(self, run_id: str) -> JournalState:
         """Raises:
@@ -231,15 +251,16 @@ class LedgerJournal:
                 run_id=run_id, step=label,
             ) from error
 
-    async def record_step(self, run_id: str, label: str, output: Any, tokens: int) -> None:
+    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> None:
         blob = encode_output(output)
         if self._files is not None and len(blob) > SPILL_THRESHOLD:
             # Blocking I/O (an upload on object stores): off the event loop.
             blob = await asyncio.to_thread(spill_output, blob, self._files, run_id=run_id, label=label)
-        await self._ledger.journal_step(run_id=run_id, label=label, output=blob, tokens=int(tokens))
+        await self._ledger.journal_step(run_id=run_id, fencing_token=token, label=label, output=blob,
+                                        tokens=int(tokens))
 
-    async def record_compensation(self, run_id: str, label: str, ok: bool, error: str) -> None:
-        await self._ledger.journal_compensation(run_id=run_id, label=label, ok=ok, error=error)
+    async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
+        await self._ledger.journal_compensation(run_id=run_id, fencing_token=token, label=label, ok=ok, error=error)
 
     async def status(self, run_id: str) -> tuple[RunStatus | None, bool, bool]:
         record = await self._ledger.run(run_id)
@@ -247,27 +268,41 @@ class LedgerJournal:
             return None, False, False
         return RunStatus(record.status), record.cancel_requested, record.pause_requested
 
-    async def set_status(self, run_id: str, status: RunStatus, detail: str) -> None:
-        await self._ledger.set_run_status(run_id=run_id, status=status.value, detail=detail)
+    async def set_status(
+        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None
+    ) -> None:
+        await self._ledger.set_run_status(run_id=run_id, fencing_token=token, status=status.value, detail=detail,
+                                          outcome=None if outcome is None else _pickle_outcome(outcome))
+
+
+def runner_holder_prefix(namespace: str) -> str:
+    """What every run-lease holder name of the runner actor of ``namespace`` starts with."""
+    return f"runner:{namespace}:"
+
+
+def driver_holder() -> str:
+    """A fresh run-lease holder name for one ``fleet.run`` in this process."""
+    return f"driver:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 async def execute_run(
-    courier: Courier, workflow: Workflow, run_id: str, files: JournalFileStore | None = None,
+    courier: Courier, workflow: Workflow, run_id: str, files: JournalFileStore | None = None, *, holder: str,
+    takeover_from: str | None = None, lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
 ) -> WorkflowOutcome:
-    """Run (or resume) one run to its end and store its outcome in the ledger.
+    """Run (or resume) one run to its end under the run's lease; the outcome is stored with its final status.
 
     ``files`` is where large step outputs go (see :class:`LedgerJournal`).
+
+    Raises:
+        RunOwnedElsewhereError: another live engine holds the run; nothing was done.
+        StaleRunTokenError: the run was taken over meanwhile; this engine stopped.
     """
     engine = WorkflowEngine(
         workflow, run_id=run_id, dispatcher=RayDispatcher(courier, run_id),
-        journal=LedgerJournal(courier.ledger, files), sender=f"workflow:{run_id}",
+        journal=LedgerJournal(courier.ledger, files), sender=f"workflow:{run_id}", holder=holder,
+        takeover_from=takeover_from, lease_ttl=lease_ttl,
     )
-    outcome = await engine.run()
-    # The engine already recorded the detail (including failed compensations); keep it.
-    await courier.ledger.set_run_status(
-        run_id=run_id, status=outcome.status.value, detail=None, outcome=_pickle_outcome(outcome),
-    )
-    return outcome
+    return await engine.run()
 
 
 def _pickle_outcome(outcome: WorkflowOutcome) -> bytes:
@@ -292,7 +327,10 @@ class RunnerActor:
         self._ledger_location = LedgerLocation.parse(ledger)
         # The fleet's storage root, where large step outputs are journaled as files.
         self._files = JournalFileStore(storage)
-        self._tasks: dict[str, asyncio.Task[WorkflowOutcome]] = {}
+        # One name per incarnation: a restarted runner knows every other runner name of
+        # its namespace belongs to a dead predecessor (Ray runs one incarnation at a time).
+        self._holder = f"{runner_holder_prefix(namespace)}{uuid.uuid4().hex[:12]}"
+        self._tasks: dict[str, asyncio.Task[WorkflowOutcome | None]] = {}
         # Ray runs an async actor's __init__ with its event loop already running: start
         # resuming at once, so a restarted runner picks its runs up without being called.
         self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
@@ -325,14 +363,27 @@ class RunnerActor:
         self._tasks[run_id] = asyncio.get_running_loop().create_task(self._execute(run_id))
         return True
 
-    async def _execute(self, run_id: str) -> WorkflowOutcome:
+    def _predecessor(self, owner: str | None) -> str | None:
+        """``owner`` if it is an earlier incarnation of this runner (dead, so its lease may be taken at once)."""
+        if owner is not None and owner != self._holder and owner.startswith(runner_holder_prefix(self._namespace)):
+            return owner
+        return None
+
+    async def _execute(self, run_id: str) -> WorkflowOutcome | None:
         courier = await self._ready()
+        record = await courier.ledger.run(run_id)
+        takeover = self._predecessor(None if record is None else record.owner)
         try:
             definition = await courier.ledger.run_definition(run_id)
             if definition is None:
                 raise LookupError(f"run {run_id!r} has no stored definition")
             workflow: Workflow = cloudpickle.loads(definition)
-            return await execute_run(courier, workflow, run_id, self._files)
+            return await execute_run(courier, workflow, run_id, self._files, holder=self._holder,
+                                   takeover_from=takeover)
+        except (RunOwnedElsewhereError, StaleRunTokenError) as error:
+            # Another engine executes the run: it is theirs to finish and to record.
+            log.warning("run %s is not this runner's to execute: %s", run_id, error)
+            return None
         except Exception as error:
             # E.g. a builder pickled by reference to a module only the driver has: end the run, never hang it.
             log.exception("run %s failed outside its steps", run_id)
@@ -341,10 +392,27 @@ class RunnerActor:
                 f"Make its payload builders importable on the cluster (or define them in your script)"
             )
             outcome = WorkflowOutcome(run_id=run_id, status=RunStatus.FAILED, error=failure)
-            await courier.ledger.set_run_status(
-                run_id=run_id, status=RunStatus.FAILED.value, detail=failure.message, outcome=_pickle_outcome(outcome),
-            )
+            await self._record_failure(courier, run_id, outcome, takeover)
             return outcome
+
+    async def _record_failure(
+        self, courier: Courier, run_id: str, outcome: WorkflowOutcome, takeover: str | None
+    ) -> None:
+        """Record a run that could not run as FAILED, under the run's lease like any engine write."""
+        journal = LedgerJournal(courier.ledger)
+        try:
+            token = await journal.acquire_lease(run_id, self._holder, ttl=DEFAULT_RUN_LEASE_TTL,
+                                                takeover_from=takeover)
+        except RunOwnedElsewhereError as error:
+            log.warning("run %s failed here but another engine holds it; leaving it to them: %s", run_id, error)
+            return
+        try:
+            detail = outcome.error.message if outcome.error is not None else "failed"
+            await journal.set_status(run_id, RunStatus.FAILED, detail, token=token, outcome=outcome)
+        except StaleRunTokenError as error:
+            log.warning("run %s was taken over before its failure was recorded: %s", run_id, error)
+            return
+        await journal.release_lease(run_id, self._holder, token)
 
 
 class RunnerClient:

@@ -1,4 +1,4 @@
-"""The workflow engine: concurrent DAG scheduling, retries, leases, budgets and the saga."""
+"""The workflow engine: run ownership, concurrent DAG scheduling, retries, leases, budgets and the saga."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,10 +18,13 @@ from ..errors import (
     InvalidSpecError,
     RayfleetError,
     RunCancelledError,
+    RunOwnedElsewhereError,
+    StaleRunTokenError,
     StepFailedError,
     is_retryable,
 )
 from ..identity._handlers import Reply, Usage
+from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
 from ..retry import RetryPolicy, retry_async
 from ._definition import (
     MAX_REASSIGNMENTS,
@@ -42,6 +45,8 @@ DEFAULT_POLL_INTERVAL = 0.2
 COMPENSATION_RETRY = RetryPolicy(max_attempts=3, base_delay=0.05)
 TIMEOUT_GRACE = 1.0
 """Seconds the engine waits past a step timeout before giving up on a dispatcher that ignores it."""
+STEP_LEASE_POLL = 0.05
+"""Least wait before asking again for an exclusive step's lease that another holder still has."""
 
 
 @runtime_checkable
@@ -73,14 +78,6 @@ class Dispatcher(Protocol):
         """Identities of ACTIVE or DORMANT agents carrying every label, sorted."""
         ...
 
-    async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
-        """Take the run's exclusive lease; return a fencing token larger than any before."""
-        ...
-
-    async def release_run_lease(self, *, run_id: str, holder: str) -> None:
-        """Release the lease if ``holder`` still holds it."""
-        ...
-
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
@@ -88,7 +85,7 @@ def _describe(error: BaseException) -> str:
 
 def _as_failure(label: str, error: BaseException) -> RayfleetError:
     """The run-level error for a step task that raised ``error``."""
-    if isinstance(error, (StepFailedError, BudgetExceededError, RunCancelledError)):
+    if isinstance(error, (StepFailedError, BudgetExceededError, RunCancelledError, StaleRunTokenError)):
         return error
     failure = StepFailedError(step=label, detail=f"{_describe(error)}; see the cause for details")
     failure.__cause__ = error
@@ -115,20 +112,38 @@ class WorkflowEngine:
 
     Guarantees:
         * The workflow is validated before anything is loaded or dispatched.
+        * **One engine per run.** Before loading or dispatching anything the engine takes
+          the run's lease (``holder``, ``lease_ttl``) from the journal, renews it every
+          ``lease_ttl / 3`` while it runs and releases it when it ends. Every journal
+          write presents the lease's token. When the journal refuses the token
+          (``StaleRunTokenError``: another engine took the run over), the engine stops at
+          once: it cancels its in-flight steps, starts nothing, compensates nothing,
+          records no status and raises that error.
         * A step starts only after every step in its ``after`` is journaled; at most
           ``workflow.parallelism`` steps are in flight.
         * Journaled steps are never re-dispatched (replay); they count as completed
           for the saga, in their journaled order.
-        * An exclusive step's lease is released on every exit path.
+        * An exclusive step holds a step lease for its dispatch, verification and
+          journaling (bounded by the step's timeout); one still held by another holder
+          (a previous engine's dispatch) is waited for until it lapses. The lease is
+          released on every exit path.
         * Step failures, budget breaches and cancellation never raise: they come back
-          in the :class:`WorkflowOutcome`. Only invalid workflows (``InvalidSpecError``)
-          and errors of the journal's load/status reads raise.
+          in the :class:`WorkflowOutcome`, which is recorded with the final status.
+          Only invalid workflows (``InvalidSpecError``), a run held by another live
+          engine (``RunOwnedElsewhereError``, nothing done), a lost run
+          (``StaleRunTokenError``) and errors of the journal's lease, load and status
+          calls raise.
 
     Args:
         workflow: the definition to run.
         run_id: the run's id; reusing it resumes the run from its journal.
         dispatcher: how steps reach agents.
-        journal: where outputs, compensations and status are recorded.
+        journal: where outputs, compensations, status and the run's leases are recorded.
+        holder: who this engine is, as the run's lease names it (default: a fresh
+            ``engine:<random>``).
+        lease_ttl: seconds the run's lease lasts without renewal.
+        takeover_from: a holder known to be dead whose live lease on the run may be
+            taken at once (a restarted runner names its predecessor).
         sender: who the steps come from (defaults to the workflow's name); kept as
             ``engine.sender`` for dispatchers and logs, not passed through ``call``.
         clock: monotonic clock for the wall-clock budget (injectable for tests).
@@ -147,9 +162,23 @@ class WorkflowEngine:
         clock: Callable[[], float] = time.monotonic,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         rng: random.Random | None = None,
+        holder: str | None = None,
+        lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
+        takeover_from: str | None = None,
     ) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise InvalidSpecError(f"run_id must be a non-empty string, got {run_id!r}", field="run_id")
+        if holder is not None and (not isinstance(holder, str) or not holder):
+            raise InvalidSpecError(f"holder must be a non-empty string, got {holder!r}", field="holder")
+        if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
+            raise InvalidSpecError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}",
+                                   field="lease_ttl")
+        self.holder = holder if holder is not None else f"engine:{random.SystemRandom().getrandbits(48):012x}"
+        self._lease_ttl = float(lease_ttl)
+        self._takeover_from = takeover_from
+        self._token = 0
+        self._lost: StaleRunTokenError | None = None
+        self._body: asyncio.Task[WorkflowOutcome] | None = None
         self.workflow = workflow
         self.run_id = run_id
         if sender is not None and (not isinstance(sender, str) or not sender):
@@ -170,12 +199,71 @@ class WorkflowEngine:
     # ------------------------------------------------------------------ run
 
     async def run(self) -> WorkflowOutcome:
-        """Run (or resume) the workflow and report how it ended.
+        """Take the run's lease, run (or resume) the workflow under it, and report how it ended.
 
         Raises:
             InvalidSpecError: when the workflow is not valid (nothing is dispatched).
+            RunOwnedElsewhereError: another live engine holds the run (nothing is done).
+            StaleRunTokenError: the run was taken over while this engine ran it; this
+                engine stopped without compensating or recording a status.
         """
         self.workflow.validate()
+        self._lost = None
+        self._token = await self._journal.acquire_lease(self.run_id, self.holder, ttl=self._lease_ttl,
+                                                        takeover_from=self._takeover_from)
+        body = self._body = asyncio.create_task(self._run_owned(), name=f"workflow:{self.run_id}")
+        keeper = asyncio.create_task(self._keep_lease(), name=f"workflow:{self.run_id}:lease")
+        try:
+            return await body
+        except asyncio.CancelledError:
+            if self._lost is not None and body.cancelled():
+                raise self._lost from None
+            raise
+        finally:
+            keeper.cancel()
+            if not body.done():
+                body.cancel()
+            await asyncio.gather(keeper, body, return_exceptions=True)
+            if self._lost is None:
+                try:
+                    await self._journal.release_lease(self.run_id, self.holder, self._token)
+                except Exception as error:  # noqa: BLE001 - the lease lapses by TTL anyway
+                    logger.warning("releasing the lease of run %r failed: %s", self.run_id, error)
+
+    def _lose(self, error: StaleRunTokenError) -> None:
+        """The run is someone else's now: remember why and stop everything this engine does for it."""
+        if self._lost is None:
+            logger.warning("engine %s lost run %r: %s", self.holder, self.run_id, error)
+            self._lost = error
+        if self._body is not None and not self._body.done():
+            self._body.cancel()
+
+    async def _fenced(self, write: Callable[..., Awaitable[None]], *args: Any, **kwargs: Any) -> None:
+        """Make one journal write under the run's token; a refused token stops the engine."""
+        if self._lost is not None:
+            raise self._lost
+        try:
+            await write(*args, token=self._token, **kwargs)
+        except StaleRunTokenError as error:
+            self._lose(error)
+            raise
+
+    async def _keep_lease(self) -> None:
+        """Renew the run's lease every TTL/3 until cancelled or refused."""
+        while True:
+            await asyncio.sleep(self._lease_ttl / 3)
+            try:
+                await self._journal.renew_lease(self.run_id, self.holder, self._token)
+            except StaleRunTokenError as error:
+                self._lose(error)
+                return
+            except Exception as error:  # noqa: BLE001 - e.g. the ledger restarting: fencing, not renewal, decides
+                logger.warning("renewing the lease of run %r failed (%s); retrying", self.run_id, error)
+
+    async def _set_status(self, status: RunStatus, detail: str, outcome: WorkflowOutcome | None = None) -> None:
+        await self._fenced(self._journal.set_status, self.run_id, status, detail, outcome=outcome)
+
+    async def _run_owned(self) -> WorkflowOutcome:
         order = self.workflow.order()
         self._steps = self.workflow.steps
         # The wall clock starts before replay, so replay time counts against the budget.
@@ -189,15 +277,17 @@ class WorkflowEngine:
         self._served_by = {}
         self._dispatched = {}
         replayed = len(self._completed)
-        await self._journal.set_status(
-            self.run_id, RunStatus.RUNNING,
-            f"resumed with {replayed} journaled step(s)" if replayed else "started",
+        await self._set_status(
+            RunStatus.RUNNING, f"resumed with {replayed} journaled step(s)" if replayed else "started",
         )
 
         failure, cancelled = await self._schedule(order)
+        if self._lost is not None:
+            raise self._lost
         if failure is None:
-            await self._journal.set_status(self.run_id, RunStatus.COMPLETED, "every step completed")
-            return self._outcome(RunStatus.COMPLETED, None, (), {})
+            outcome = self._outcome(RunStatus.COMPLETED, None, (), {})
+            await self._set_status(RunStatus.COMPLETED, "every step completed", outcome)
+            return outcome
 
         compensated, compensation_errors = await self._compensate(set(state.compensated))
         if cancelled:
@@ -208,8 +298,9 @@ class WorkflowEngine:
         if compensation_errors:
             listing = "; ".join(f"{label}: {reason}" for label, reason in compensation_errors.items())
             detail += f" | compensation failed for {listing}; undo those steps by hand or rerun their compensation"
-        await self._journal.set_status(self.run_id, status, detail)
-        return self._outcome(status, failure, tuple(compensated), compensation_errors)
+        outcome = self._outcome(status, failure, tuple(compensated), compensation_errors)
+        await self._set_status(status, detail, outcome)
+        return outcome
 
     def _outcome(
         self, status: RunStatus, error: RayfleetError | None, compensated: tuple[str, ...],
@@ -243,13 +334,17 @@ class WorkflowEngine:
             for task in sorted(done, key=lambda t: running[t]):
                 label = running.pop(task)
                 error = task.exception()
-                if error is not None and failure is None:
+                if isinstance(error, StaleRunTokenError):
+                    self._lose(error)
+                elif error is not None and failure is None:
                     failure = _as_failure(label, error)
                 elif error is not None:
                     logger.warning("step %r of run %r also failed: %s", label, self.run_id, error)
 
         try:
             while True:
+                if self._lost is not None:
+                    return failure, cancelled  # the run is another engine's: start and finish nothing
                 ready = [] if failure is not None else [
                     label for label in pending if all(dep in self._outputs for dep in self._steps[label].after)
                 ]
@@ -260,9 +355,8 @@ class WorkflowEngine:
                     elif pause_requested:
                         if not paused:
                             paused = True
-                            await self._journal.set_status(
-                                self.run_id, RunStatus.PAUSED,
-                                "pause requested: no new step starts; in-flight steps finish",
+                            await self._set_status(
+                                RunStatus.PAUSED, "pause requested: no new step starts; in-flight steps finish",
                             )
                         if running:
                             done, _ = await asyncio.wait(
@@ -274,7 +368,7 @@ class WorkflowEngine:
                     else:
                         if paused:
                             paused = False
-                            await self._journal.set_status(self.run_id, RunStatus.RUNNING, "resumed after pause")
+                            await self._set_status(RunStatus.RUNNING, "resumed after pause")
                         for label in ready[: parallelism - len(running)]:
                             self._meter.charge_invocation()
                             try:
@@ -291,7 +385,7 @@ class WorkflowEngine:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 reap(done)
         finally:
-            # Only reached with tasks left when run() itself is cancelled or a status read raised.
+            # Only reached with tasks left when run() is cancelled, the run was lost, or a status call raised.
             for task in running:
                 task.cancel()
             if running:
@@ -326,7 +420,9 @@ class WorkflowEngine:
                     f"{step.call!r} or relax .verify()",
                 )
         try:
-            await self._journal.record_step(self.run_id, step.label, output, tokens)
+            await self._fenced(self._journal.record_step, self.run_id, step.label, output, tokens)
+        except StaleRunTokenError:
+            raise
         except Exception as error:
             raise StepFailedError(
                 step=step.label,
@@ -406,7 +502,7 @@ class WorkflowEngine:
                     return await self._dispatch_exclusive(step, target, body, key, call_timeout, attempt)
                 return await self._call(target=target, method=step.call, payload=body, key=key,
                                         timeout=call_timeout)
-            except (StepFailedError, BudgetExceededError):
+            except (StepFailedError, BudgetExceededError, StaleRunTokenError):
                 raise
             except Exception as error:
                 remaining = self._meter.remaining_wall_clock()
@@ -426,13 +522,14 @@ class WorkflowEngine:
     async def _dispatch_exclusive(
         self, step: Step, target: str, payload: dict[str, Any], key: str, timeout: float, attempt: int,
     ) -> tuple[Any, int]:
-        """One dispatch under the run's fenced lease; verify and journal before releasing it."""
+        """One dispatch under the step's fenced lease; verify and journal before releasing it."""
         holder = f"workflow:{self.run_id}:{step.label}:{attempt}"
-        token = await self._dispatcher.acquire_run_lease(run_id=self.run_id, holder=holder)
+        # The lease covers the dispatch (bounded by its timeout), then verification and journaling.
+        fence = await self._step_lease(step, holder, ttl=timeout + TIMEOUT_GRACE + self._lease_ttl)
         try:
             output, tokens = await self._call(
                 target=target, method=step.call, payload=payload, key=key, timeout=timeout,
-                conversation=f"{self.run_id}/{step.label}", fence=token,
+                conversation=f"{self.run_id}/{step.label}", fence=fence,
             )
             await self._finalize(step, output, tokens, (target,))
             return output, tokens
@@ -440,9 +537,31 @@ class WorkflowEngine:
             # Always released, on every path; a release error must not
             # mask the step's own result, and the lease lapses by TTL anyway.
             try:
-                await self._dispatcher.release_run_lease(run_id=self.run_id, holder=holder)
+                await self._journal.release_step_lease(self.run_id, step.label, holder, fence)
             except Exception as error:  # noqa: BLE001 - must not mask the step's own result
-                logger.warning("releasing the run lease of %r for step %r failed: %s", self.run_id, step.label, error)
+                logger.warning("releasing the lease of step %r of run %r failed: %s", step.label, self.run_id, error)
+
+    async def _step_lease(self, step: Step, holder: str, *, ttl: float) -> int:
+        """The step's lease and fence; a lease another holder still has is waited for until it lapses.
+
+        Only the run's current engine gets step leases (they are fenced by its token), so
+        a lease held by someone else belongs to an earlier engine of this run whose
+        dispatch may still be under way; it lapses within that dispatch's bound.
+        """
+        while True:
+            if self._lost is not None:
+                raise self._lost
+            try:
+                return int(await self._journal.acquire_step_lease(self.run_id, step.label, holder,
+                                                                  token=self._token, ttl=ttl))
+            except StaleRunTokenError as error:
+                self._lose(error)
+                raise
+            except RunOwnedElsewhereError as held:
+                self._meter.check()  # waiting spends the wall-clock budget like any dispatch
+                logger.info("step %r of run %r: waiting %.1f s for %s's lease to lapse",
+                            step.label, self.run_id, held.expires_in, held.owner)
+                await asyncio.sleep(max(held.expires_in, STEP_LEASE_POLL))
 
     async def _pick_target(self, step: Step, excluded: list[str], last_error: BaseException | None) -> str:
         if step.to is not None:
@@ -477,7 +596,7 @@ class WorkflowEngine:
                     step, target, epoch=epoch, counter=counter, timeout=step.timeout,
                     retry_timeouts=not reassign or final_epoch,
                 )
-            except (StepFailedError, BudgetExceededError):
+            except (StepFailedError, BudgetExceededError, StaleRunTokenError):
                 raise
             except Exception as error:
                 if reassign and not final_epoch and isinstance(error, TimeoutError):
@@ -577,7 +696,9 @@ class WorkflowEngine:
                 compensated.append(label)
                 ok, reason = True, ""
             try:
-                await self._journal.record_compensation(self.run_id, label, ok, reason)
+                await self._fenced(self._journal.record_compensation, self.run_id, label, ok, reason)
+            except StaleRunTokenError:
+                raise
             except Exception as error:  # noqa: BLE001 - a journal failure is a compensation failure
                 errors.setdefault(label, f"journaling the compensation failed: {_describe(error)}")
         return compensated, errors

@@ -570,6 +570,110 @@ def test_a_run_the_runner_cannot_load_ends_failed(fleet: rf.Fleet, tmp_path: Pat
     assert report(fleet, "w/1")["calls"] == 0
 
 
+# --------------------------------------------------------------------------- 5b. one engine per run
+
+
+def _runner_task_done(fleet: rf.Fleet, run_id: str) -> tuple[bool, Any]:
+    """(done, result) of the runner's task for ``run_id``."""
+    runner = ray.get_actor(RUNNER, namespace=fleet.config.namespace)
+
+    def probe(actor: Any) -> tuple[bool, Any]:
+        task = actor._tasks.get(run_id)
+        return (False, None) if task is None or not task.done() else (True, task.result())
+
+    return tuple(ray.get(runner.__ray_call__.remote(probe), timeout=WAIT))  # type: ignore[return-value]
+
+
+@pytest.mark.timeout(180)
+def test_a_second_engine_is_refused_while_the_runner_executes_the_run(fleet: rf.Fleet, tmp_path: Path) -> None:
+    spawn_workers(fleet, "w/1", "w/2")
+    started, release = tmp_path / "started", tmp_path / "release"
+    wf = rf.Workflow("owned")
+    wf.step("s1", to="w/1", call="work", payload={"tag": "s1", "touch": str(started), "wait_for": str(release),
+                                                   "bound": 40.0}).compensate("undo").exclusive()
+    wf.step("s2", to="w/2", call="work", payload={"tag": "s2"}, after=["s1"]).compensate("undo")
+    run_id = fleet.submit(wf, run_id="owned-1")
+    try:
+        wait_until(started.exists, what="s1 to start in the runner")
+        with pytest.raises(rf.RunOwnedElsewhereError) as caught:
+            fleet.run(wf, run_id=run_id)
+        assert caught.value.run_id == run_id and caught.value.step == ""
+        assert caught.value.owner.startswith(f"runner:{fleet.config.namespace}:")
+        assert caught.value.owner == fleet._ledger.run(run_id).result().owner
+        assert fleet.runs.get(run_id).status is rf.RunStatus.RUNNING
+    finally:
+        release.touch()
+    outcome = fleet.runs.wait(run_id, timeout=WAIT)
+    assert outcome.status is rf.RunStatus.COMPLETED, outcome.error
+    # The refused driver dispatched nothing and undid nothing: each effect happened once, in the runner.
+    assert [report(fleet, w)["calls"] for w in ("w/1", "w/2")] == [1, 1]
+    assert [report(fleet, w)["undone"] for w in ("w/1", "w/2")] == [[], []]
+    assert fleet._ledger.run(run_id).result().owner is None  # released at the end
+
+
+@pytest.mark.timeout(180)
+def test_a_zombie_runner_is_fenced_out_and_stops_without_compensating(fleet: rf.Fleet, tmp_path: Path) -> None:
+    spawn_workers(fleet, "w/1", "w/2", "w/3")
+    started, release = tmp_path / "started", tmp_path / "release"
+    wf = rf.Workflow("zombie")
+    wf.step("s1", to="w/1", call="work", payload={"tag": "s1"}).compensate("undo")
+    wf.step("s2", to="w/2", call="work", after=["s1"],
+            payload={"tag": "s2", "touch": str(started), "wait_for": str(release), "bound": 40.0}).compensate("undo")
+    wf.step("s3", to="w/3", call="work", payload={"tag": "s3"}, after=["s2"])
+    run_id = fleet.submit(wf, run_id="zombie-1")
+    try:
+        wait_until(started.exists, what="s2 to start in the runner")
+        runner_holder = fleet._ledger.run(run_id).result().owner
+        assert runner_holder is not None and runner_holder.startswith("runner:")
+        # A second engine declares the (live) runner dead and takes the run: the runner is now a zombie.
+        lease = fleet._ledger.acquire_run_lease(run_id=run_id, holder="test:second-engine",
+                                                takeover_from=runner_holder).result()
+        assert fleet._ledger.run(run_id).result().owner == "test:second-engine"
+    finally:
+        release.touch()
+    # s2 finishes on the agent; the zombie's journal write is refused and it stops.
+    _, result = wait_until(lambda: (value := _runner_task_done(fleet, run_id))[0] and value,
+                           what="the zombie engine to stop")
+    assert result is None  # stopped, no outcome
+    record = fleet._ledger.run(run_id).result()
+    assert record.status == "RUNNING" and record.outcome is None  # no status written after the takeover
+    assert [entry.label for entry in fleet._ledger.journal(run_id).result().steps] == ["s1"]
+    assert report(fleet, "w/2")["calls"] == 1
+    assert report(fleet, "w/3")["calls"] == 0  # nothing started after the refusal
+    assert report(fleet, "w/1")["undone"] == [] and report(fleet, "w/2")["undone"] == []  # nothing compensated
+    with pytest.raises(rf.StaleRunTokenError):
+        fleet._ledger.set_run_status(run_id=run_id, fencing_token=lease.token - 1, status="FAILED").result()
+
+    # The new owner hands the run on; the driver resumes it: s1 from the journal, s2 deduplicated.
+    assert fleet._ledger.release_run_lease(run_id=run_id, holder="test:second-engine", token=lease.token).result()
+    outcome = fleet.run(wf, run_id=run_id)
+    assert outcome.status is rf.RunStatus.COMPLETED, outcome.error
+    assert [report(fleet, f"w/{n}")["calls"] for n in (1, 2, 3)] == [1, 1, 1]
+
+
+@pytest.mark.timeout(180)
+def test_the_exclusive_step_lease_excludes_a_second_holder_on_the_real_ledger(fleet: rf.Fleet) -> None:
+    ledger = fleet._ledger
+    ledger.create_run(run_id="steps-1", workflow="wf", code_version="v1", definition=None).result()
+    engine = ledger.acquire_run_lease(run_id="steps-1", holder="test:engine").result()
+    first = ledger.acquire_step_lease(run_id="steps-1", label="pay", holder="h1", fencing_token=engine.token,
+                                      ttl=WAIT).result()
+    with pytest.raises(rf.RunOwnedElsewhereError) as caught:
+        ledger.acquire_step_lease(run_id="steps-1", label="pay", holder="h2", fencing_token=engine.token,
+                                  ttl=WAIT).result()
+    assert (caught.value.owner, caught.value.step) == ("h1", "pay")
+    # A second engine cannot even ask while the first holds the run, nor with a superseded token.
+    with pytest.raises(rf.RunOwnedElsewhereError):
+        ledger.acquire_run_lease(run_id="steps-1", holder="test:other").result()
+    with pytest.raises(rf.StaleRunTokenError):
+        ledger.acquire_step_lease(run_id="steps-1", label="pay", holder="h2", fencing_token=engine.token - 1,
+                                  ttl=WAIT).result()
+    assert ledger.release_step_lease(run_id="steps-1", label="pay", holder="h1", token=first).result()
+    second = ledger.acquire_step_lease(run_id="steps-1", label="pay", holder="h2", fencing_token=engine.token,
+                                       ttl=WAIT).result()
+    assert second > first
+
+
 # --------------------------------------------------------------------------- 6-7. exclusive steps
 
 

@@ -43,6 +43,8 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
         rf.BudgetExceededError(budget="tokens", ceiling=10, spent=12),
         rf.RunCancelledError(run_id="r"),
         rf.UnknownRunError(run_id="r"),
+        rf.RunOwnedElsewhereError(run_id="r", owner="driver:x", expires_in=3.0),
+        rf.StaleRunTokenError(run_id="r", presented=1, current=2),
     ],
     rf.ModelError: [
         rf.ModelRequestError(url=URL, status=401, body_excerpt="invalid api key"),

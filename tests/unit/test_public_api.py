@@ -25,7 +25,7 @@ EXPECTED_NAMES = {
     "ApplyReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",
     "DeliveryError", "IdentityError", "InternalError", "ModelError", "ModelRequestError", "ModelResponseError",
     "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
-    "WorkflowError",
+    "WorkflowError", "RunOwnedElsewhereError", "StaleRunTokenError",
     "FleetMismatchError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
 }
 
@@ -65,6 +65,8 @@ def test_every_error_is_a_rayfleet_error() -> None:
         rf.UsageError("fleet.run() cannot run here", api="fleet.run()"),
         rf.UnknownDeadLetterError(letter_id=7),
         rf.UnknownRunError(run_id="r-1"),
+        rf.RunOwnedElsewhereError(run_id="r-1", owner="runner:ns:1", expires_in=4.5, step="pay"),
+        rf.StaleRunTokenError(run_id="r-1", presented=2, current=3),
         rf.ModelRequestError(url="http://h/v1/chat/completions", status=400, body_excerpt="bad"),
         rf.ModelResponseError(url="http://h/v1/chat/completions", detail="chat response is not JSON"),
         rf.ModelTimeoutError(url="http://h/v1/chat/completions", timeout=2.0),

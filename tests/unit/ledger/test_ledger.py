@@ -23,8 +23,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from rayfleet.errors import (
     InvalidSpecError,
     LeaseLostError,
+    RunOwnedElsewhereError,
     StaleCheckpointVersionError,
     StaleFencingTokenError,
+    StaleRunTokenError,
     UnknownIdentityError,
 )
 from rayfleet.identity._values import (
@@ -915,6 +917,190 @@ def test_refusal_from_commit_pickles_with_attributes(ledger, two_grants):
     clone = pickle.loads(pickle.dumps(outcome))
     assert isinstance(clone, StaleFencingTokenError)
     assert (clone.identity, clone.presented, clone.current) == ("a", two_grants[0], two_grants[1])
+
+
+# -- workflow runs: one engine per run, fenced writes, exclusive-step leases ----------------
+
+
+def new_run(ledger: Ledger, run_id: str = "r") -> str:
+    ledger.create_run(run_id=run_id, workflow="wf", code_version="v1", definition=None)
+    return run_id
+
+
+def test_run_lease_tokens_strictly_increase_and_are_persisted_with_the_grant(ledger, backend, clock):
+    run = new_run(ledger)
+    first = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    assert (first.holder, first.token, first.ttl) == ("E1", 1, TTL)
+    assert ledger.run(run).owner == "E1"
+    again = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)  # the same holder: a new, larger token
+    assert again.token == 2
+    assert ledger.release_run_lease(run_id=run, holder="E1", token=again.token) is True
+    assert ledger.run(run).owner is None
+    ledger = restart(ledger, backend, clock)
+    try:
+        # The high-water survives release and restart: no token is issued twice.
+        assert ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL).token == 3
+    finally:
+        ledger.close()
+
+
+def test_a_live_run_lease_of_another_holder_is_refused_naming_the_owner(ledger, clock):
+    run = new_run(ledger)
+    ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    clock.advance(TTL - 2)
+    with pytest.raises(RunOwnedElsewhereError) as caught:
+        ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+    assert (caught.value.run_id, caught.value.owner, caught.value.step) == (run, "E1", "")
+    assert caught.value.expires_in == pytest.approx(2.0)
+    assert "E1" in str(caught.value) and "fleet.runs.wait" in str(caught.value)
+    assert ledger.run(run).owner == "E1"
+
+
+def test_a_lapsed_run_lease_is_taken_over_with_a_larger_token(ledger, clock):
+    run = new_run(ledger)
+    old = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    clock.advance(TTL)  # exactly at expiry: takeable, as identity leases are
+    new = ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+    assert new.token > old.token and ledger.run(run).owner == "E2"
+
+
+def test_renewal_keeps_the_run_lease_from_lapsing(ledger, clock):
+    run = new_run(ledger)
+    lease = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    for _ in range(3):
+        clock.advance(TTL - 1)
+        assert ledger.renew_run_lease(run_id=run, holder="E1", token=lease.token) == lease
+    with pytest.raises(RunOwnedElsewhereError):
+        ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+
+
+def test_a_named_dead_holder_is_taken_over_at_once_and_its_step_leases_freed(ledger):
+    run = new_run(ledger)
+    old = ledger.acquire_run_lease(run_id=run, holder="runner:ns:1", ttl=TTL)
+    ledger.acquire_step_lease(run_id=run, label="pay", holder="s1", fencing_token=old.token, ttl=TTL)
+    with pytest.raises(RunOwnedElsewhereError):  # naming someone else as dead does not help
+        ledger.acquire_run_lease(run_id=run, holder="runner:ns:2", ttl=TTL, takeover_from="runner:ns:0")
+    new = ledger.acquire_run_lease(run_id=run, holder="runner:ns:2", ttl=TTL, takeover_from="runner:ns:1")
+    assert new.token > old.token
+    assert ledger.acquire_step_lease(run_id=run, label="pay", holder="s2", fencing_token=new.token, ttl=TTL) == 2
+
+
+def test_renewing_a_superseded_or_released_run_lease_is_refused(ledger, clock):
+    run = new_run(ledger)
+    old = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    clock.advance(TTL + 1)
+    new = ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+    with pytest.raises(StaleRunTokenError) as caught:
+        ledger.renew_run_lease(run_id=run, holder="E1", token=old.token)
+    assert (caught.value.presented, caught.value.current) == (old.token, new.token)
+    assert ledger.release_run_lease(run_id=run, holder="E1", token=old.token) is False  # not E1's to release
+    assert ledger.run(run).owner == "E2"
+    ledger.release_run_lease(run_id=run, holder="E2", token=new.token)
+    with pytest.raises(StaleRunTokenError):
+        ledger.renew_run_lease(run_id=run, holder="E2", token=new.token)
+
+
+def test_a_lapsed_run_lease_nobody_took_still_renews_and_writes(ledger, clock):
+    run = new_run(ledger)
+    lease = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    clock.advance(TTL * 3)
+    ledger.journal_step(run_id=run, fencing_token=lease.token, label="s1", output=b"x", tokens=0)
+    assert ledger.renew_run_lease(run_id=run, holder="E1", token=lease.token).token == lease.token
+
+
+def test_engine_writes_are_fenced_by_the_run_token(ledger, clock):
+    run = new_run(ledger)
+    old = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    ledger.journal_step(run_id=run, fencing_token=old.token, label="s1", output=b"one", tokens=3)
+    clock.advance(TTL)
+    new = ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+    writes = {
+        "journal_step": lambda token: ledger.journal_step(run_id=run, fencing_token=token, label="s2", output=b"two",
+                                                          tokens=0),
+        "journal_compensation": lambda token: ledger.journal_compensation(run_id=run, fencing_token=token,
+                                                                          label="s1", ok=True, error=""),
+        "set_run_status": lambda token: ledger.set_run_status(run_id=run, fencing_token=token, status="FAILED",
+                                                              detail="zombie"),
+        "acquire_step_lease": lambda token: ledger.acquire_step_lease(run_id=run, label="s2", holder="z",
+                                                                      fencing_token=token, ttl=TTL),
+    }
+    for name, write in writes.items():
+        for presented in (old.token, new.token + 1):  # superseded, and never issued
+            with pytest.raises(StaleRunTokenError) as caught:
+                write(presented)
+            assert (caught.value.run_id, caught.value.presented, caught.value.current) == (run, presented, new.token), name
+    # Nothing the refused writes carried reached the ledger.
+    journal = ledger.journal(run)
+    assert [entry.label for entry in journal.steps] == ["s1"] and journal.compensated == ()
+    assert ledger.run(run).status == "PENDING"
+    # The current token writes.
+    ledger.set_run_status(run_id=run, fencing_token=new.token, status="RUNNING", detail="resumed")
+    ledger.journal_step(run_id=run, fencing_token=new.token, label="s2", output=b"two", tokens=0)
+    assert [entry.label for entry in ledger.journal(run).steps] == ["s1", "s2"]
+    assert ledger.run(run).status == "RUNNING"
+
+
+def test_writes_to_a_run_that_never_had_a_lease_are_refused(ledger):
+    run = new_run(ledger)
+    with pytest.raises(StaleRunTokenError) as caught:
+        ledger.set_run_status(run_id=run, fencing_token=1, status="RUNNING")
+    assert (caught.value.presented, caught.value.current) == (1, 0)
+    assert ledger.run(run).status == "PENDING"
+
+
+def test_a_repeated_journal_write_keeps_the_first_output(ledger):
+    run = new_run(ledger)
+    lease = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    ledger.journal_step(run_id=run, fencing_token=lease.token, label="s1", output=b"first", tokens=1)
+    ledger.journal_step(run_id=run, fencing_token=lease.token, label="s1", output=b"second", tokens=2)
+    assert [(e.label, e.output, e.tokens) for e in ledger.journal(run).steps] == [("s1", b"first", 1)]
+
+
+def test_step_lease_excludes_a_second_holder_until_released_or_lapsed(ledger, clock):
+    run = new_run(ledger)
+    token = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    first = ledger.acquire_step_lease(run_id=run, label="pay", holder="h1", fencing_token=token, ttl=TTL)
+    for holder in ("h2", "h1"):  # exclusive whatever the name: step holder names repeat across engines
+        with pytest.raises(RunOwnedElsewhereError) as caught:
+            ledger.acquire_step_lease(run_id=run, label="pay", holder=holder, fencing_token=token, ttl=TTL)
+        assert (caught.value.owner, caught.value.step) == ("h1", "pay")
+    # Another step of the same run is not excluded, and its token is larger still.
+    other = ledger.acquire_step_lease(run_id=run, label="ship", holder="h3", fencing_token=token, ttl=TTL)
+    assert other > first
+    assert ledger.release_step_lease(run_id=run, label="pay", holder="h2", token=first) is False
+    assert ledger.release_step_lease(run_id=run, label="pay", holder="h1", token=first) is True
+    second = ledger.acquire_step_lease(run_id=run, label="pay", holder="h2", fencing_token=token, ttl=TTL)
+    assert second > other
+    clock.advance(TTL)
+    third = ledger.acquire_step_lease(run_id=run, label="pay", holder="h4", fencing_token=token, ttl=TTL)
+    assert third > second
+
+
+def test_run_and_step_leases_live_at_a_restart_are_kept_for_one_ttl(ledger, backend, clock):
+    run = new_run(ledger)
+    token = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    ledger.acquire_step_lease(run_id=run, label="pay", holder="h1", fencing_token=token, ttl=TTL)
+    clock.advance(TTL - 1)
+    ledger = restart(ledger, backend, clock)
+    try:
+        clock.advance(TTL - 0.5)
+        with pytest.raises(RunOwnedElsewhereError):
+            ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+        with pytest.raises(RunOwnedElsewhereError):
+            ledger.acquire_step_lease(run_id=run, label="pay", holder="h2", fencing_token=token, ttl=TTL)
+        clock.advance(1)
+        assert ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL).token == token + 1
+    finally:
+        ledger.close()
+
+
+def test_run_lease_ttls_must_be_positive(ledger):
+    run = new_run(ledger)
+    with pytest.raises(InvalidSpecError):
+        ledger.acquire_run_lease(run_id=run, holder="E1", ttl=0)
+    token = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    with pytest.raises(InvalidSpecError):
+        ledger.acquire_step_lease(run_id=run, label="pay", holder="h", fencing_token=token, ttl=-1)
 
 
 # -- stateful property: two holders, restarts, fencing ------------------------------------

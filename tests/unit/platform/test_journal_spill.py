@@ -74,10 +74,11 @@ async def test_the_ledger_holds_a_pointer_for_large_outputs_only(
     ledger = LocalLedgerClient(tmp_path / "ledger.sqlite")
     await ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
     journal = LedgerJournal(ledger, files)
+    token = await journal.acquire_lease("r", "engine", ttl=10.0)
     small = pa.table({"i": [1, 2, 3]})
-    await journal.record_step("r", "small", small, 1)
-    await journal.record_step("r", "large", LARGE["table"], 2)
-    await journal.record_step("r", "model", LARGE["model"], 3)
+    await journal.record_step("r", "small", small, 1, token=token)
+    await journal.record_step("r", "large", LARGE["table"], 2, token=token)
+    await journal.record_step("r", "model", LARGE["model"], 3, token=token)
 
     rows = {entry.label: entry.output for entry in (await ledger.journal("r")).steps}
     assert rows["small"][:1] == b"A"  # under the threshold: inline, as before
@@ -95,7 +96,8 @@ async def test_the_ledger_holds_a_pointer_for_large_outputs_only(
 async def test_without_storage_every_output_stays_inline(tmp_path: Path) -> None:
     ledger = LocalLedgerClient(tmp_path / "ledger.sqlite")
     await ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
-    await LedgerJournal(ledger).record_step("r", "large", LARGE["bytes"], 0)
+    journal = LedgerJournal(ledger)
+    await journal.record_step("r", "large", LARGE["bytes"], 0, token=await journal.acquire_lease("r", "e", ttl=10.0))
     (entry,) = (await ledger.journal("r")).steps
     assert entry.output[:1] == b"P" and len(entry.output) > SPILL_THRESHOLD
     assert (await LedgerJournal(ledger).load("r")).outputs["large"] == LARGE["bytes"]
@@ -104,7 +106,8 @@ async def test_without_storage_every_output_stays_inline(tmp_path: Path) -> None
 async def test_a_missing_spilled_file_names_the_step_and_file(files: JournalFileStore, tmp_path: Path) -> None:
     ledger = LocalLedgerClient(tmp_path / "ledger.sqlite")
     await ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
-    await LedgerJournal(ledger, files).record_step("r", "large", LARGE["bytes"], 0)
+    journal = LedgerJournal(ledger, files)
+    await journal.record_step("r", "large", LARGE["bytes"], 0, token=await journal.acquire_lease("r", "e", ttl=10.0))
     (path,) = files.list_files()
     files.storage.delete(path)
     with pytest.raises(WorkflowError, match=r"step 'large' is a file .*journal/r/large-.*Restore the file") as caught:

@@ -1,4 +1,8 @@
-"""An in-process fleet for workflow engine tests: labelled agents, handlers, dedup and a run lease."""
+"""An in-process fleet for workflow engine tests: labelled agents, handlers and dedup.
+
+Leases (the run's and its exclusive steps') are the journal's: ``InMemoryJournal``
+applies the ledger's rules.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +34,6 @@ class FakeFleet:
         self.counts: Counter[tuple[str, str]] = Counter()
         self.calls: list[dict[str, Any]] = []
         self.replies: dict[tuple[str, str], tuple[Any, Usage]] = {}
-        self.next_token = 0
-        self.lease_holder: dict[str, str] = {}
-        self.lease_events: list[tuple[str, str, int | None]] = []
 
     def agent(self, identity: str, **labels: str) -> FakeFleet:
         self.labels[identity] = dict(labels)
@@ -70,19 +71,6 @@ class FakeFleet:
     async def select(self, labels: Mapping[str, str]) -> list[str]:
         return sorted(identity for identity, own in self.labels.items()
                       if all(own.get(key) == value for key, value in labels.items()))
-
-    async def acquire_run_lease(self, *, run_id: str, holder: str) -> int:
-        if run_id in self.lease_holder:
-            raise RuntimeError(f"lease of {run_id} still held by {self.lease_holder[run_id]}")
-        self.next_token += 1
-        self.lease_holder[run_id] = holder
-        self.lease_events.append(("acquire", holder, self.next_token))
-        return self.next_token
-
-    async def release_run_lease(self, *, run_id: str, holder: str) -> None:
-        self.lease_events.append(("release", holder, None))
-        if self.lease_holder.get(run_id) == holder:
-            del self.lease_holder[run_id]
 
 
 async def echo(identity: str, payload: dict[str, Any]) -> Any:

@@ -124,8 +124,8 @@ async def test_step_timeout_is_capped_by_remaining_wall_clock(fleet) -> None:
 
 async def test_replayed_steps_cost_nothing(fleet) -> None:
     journal = InMemoryJournal()
-    await journal.record_step("r", "s1", "old", 100)
-    await journal.record_step("r", "s2", "old", 100)
+    await journal.seed_step("r", "s1", "old", 100)
+    await journal.seed_step("r", "s2", "old", 100)
     outcome = await WorkflowEngine(chain(Budget(invocations=1, tokens=1)), run_id="r", dispatcher=fleet,
                                    journal=journal).run()
     assert outcome.status is RunStatus.COMPLETED and outcome.invocations == 1 and outcome.usage_tokens == 0

@@ -321,7 +321,7 @@ async def test_in_flight_siblings_finish_and_are_compensated(fleet) -> None:
 async def test_resume_skips_journaled_steps_and_compensates_them(fleet) -> None:
     fleet.on("boom", fail)
     journal = InMemoryJournal()
-    await journal.record_step("run-1", "one", {"id": 1, "by": "a1"}, 0)
+    await journal.seed_step("run-1", "one", {"id": 1, "by": "a1"}, 0)
     outcome = await engine(three_steps(), fleet, journal).run()
     assert fleet.counts[("a1", "work")] == 0
     assert fleet.counts[("a2", "work")] == 1
@@ -333,8 +333,8 @@ async def test_resume_skips_journaled_steps_and_compensates_them(fleet) -> None:
 async def test_resume_skips_compensations_already_journaled(fleet) -> None:
     fleet.on("boom", fail)
     journal = InMemoryJournal()
-    await journal.record_step("run-1", "one", {"id": 1}, 0)
-    await journal.record_compensation("run-1", "one", True, "")
+    await journal.seed_step("run-1", "one", {"id": 1}, 0)
+    await journal.seed_compensation("run-1", "one", True, "")
     outcome = await engine(three_steps(), fleet, journal).run()
     assert outcome.compensated == ("two",)
     assert fleet.counts[("a1", "undo")] == 0
@@ -444,30 +444,34 @@ async def test_pause_holds_new_steps_until_cleared(fleet) -> None:
 async def test_exclusive_step_is_fenced_and_releases_its_lease(fleet) -> None:
     wf = Workflow("wf")
     wf.step("pay", to="a1", call="work").exclusive()
-    outcome = await engine(wf, fleet).run()
+    journal = InMemoryJournal()
+    outcome = await engine(wf, fleet, journal).run()
     assert outcome.status is RunStatus.COMPLETED
     call = fleet.dispatched("work")[0]
     assert call["fence"] == 1 and call["conversation"] == "run-1/pay"
-    assert fleet.lease_events == [("acquire", "workflow:run-1:pay:1", 1), ("release", "workflow:run-1:pay:1", None)]
-    assert fleet.lease_holder == {}
+    assert journal.step_lease_events == [("acquire", "workflow:run-1:pay:1", 1),
+                                         ("release", "workflow:run-1:pay:1", None)]
+    assert journal.step_holders("run-1") == {}
 
 
 async def test_exclusive_lease_released_when_dispatch_fails(fleet) -> None:
     fleet.on("boom", fail)
     wf = Workflow("wf")
     wf.step("pay", to="a1", call="boom").exclusive()
-    outcome = await engine(wf, fleet).run()
+    journal = InMemoryJournal()
+    outcome = await engine(wf, fleet, journal).run()
     assert outcome.error.step == "pay"
-    assert [event[0] for event in fleet.lease_events] == ["acquire", "release"]
-    assert fleet.lease_holder == {}
+    assert [event[0] for event in journal.step_lease_events] == ["acquire", "release"]
+    assert journal.step_holders("run-1") == {}
 
 
 async def test_exclusive_lease_released_when_verifier_fails(fleet) -> None:
     wf = Workflow("wf")
     wf.step("pay", to="a1", call="work").exclusive().verify(lambda out: False)
     wf.step("next", to="a1", call="work", after=["pay"]).exclusive()
-    outcome = await engine(wf, fleet).run()
-    assert outcome.error.step == "pay" and fleet.lease_holder == {}
+    journal = InMemoryJournal()
+    outcome = await engine(wf, fleet, journal).run()
+    assert outcome.error.step == "pay" and journal.step_holders("run-1") == {}
 
 
 async def test_reassign_on_timeout_picks_other_capable_agents(fleet) -> None:
@@ -478,14 +482,15 @@ async def test_reassign_on_timeout_picks_other_capable_agents(fleet) -> None:
     fleet.on("work", hang, identity="a2")
     wf = Workflow("wf")
     wf.step("job", select=WORK, call="work", timeout=0.05).exclusive().on_timeout("reassign")
-    outcome = await engine(wf, fleet).run()
+    journal = InMemoryJournal()
+    outcome = await engine(wf, fleet, journal).run()
     assert outcome.status is RunStatus.COMPLETED and outcome.outputs["job"]["by"] == "a3"
     calls = fleet.dispatched("work")
     assert [c["target"] for c in calls] == ["a1", "a2", "a3"]
     assert [c["key"] for c in calls] == ["run-1/job/1-0", "run-1/job/2-1", "run-1/job/3-2"]
     assert [c["fence"] for c in calls] == [1, 2, 3]
     assert {c["conversation"] for c in calls} == {"run-1/job"}
-    assert fleet.lease_holder == {} and outcome.invocations == 1
+    assert journal.step_holders("run-1") == {} and outcome.invocations == 1
 
 
 async def test_reassign_gives_up_after_two_reassignments(fleet) -> None:
@@ -496,10 +501,11 @@ async def test_reassign_gives_up_after_two_reassignments(fleet) -> None:
     fleet.agent("a4", skill="work")
     wf = Workflow("wf")
     wf.step("job", select=WORK, call="work", timeout=0.05).exclusive().on_timeout("reassign")
-    outcome = await engine(wf, fleet).run()
+    journal = InMemoryJournal()
+    outcome = await engine(wf, fleet, journal).run()
     assert outcome.error.step == "job" and "did not finish" in str(outcome.error)
     assert [c["target"] for c in fleet.dispatched("work")] == ["a1", "a2", "a3"]
-    assert fleet.lease_holder == {}
+    assert journal.step_holders("run-1") == {}
 
 
 async def test_reassign_with_to_redispatches_with_new_epoch_and_fence(fleet) -> None:
@@ -605,8 +611,8 @@ async def test_replayed_steps_compensate_in_journaled_completion_order(fleet) ->
     wf.step("y", to="a2", call="work").compensate("undo")
     wf.step("z", to="a3", call="boom", after=["x", "y"])
     journal = InMemoryJournal()
-    await journal.record_step("run-1", "y", {"v": "y"}, 0)
-    await journal.record_step("run-1", "x", {"v": "x"}, 0)
+    await journal.seed_step("run-1", "y", {"v": "y"}, 0)
+    await journal.seed_step("run-1", "x", {"v": "x"}, 0)
     state = await journal.load("run-1")
     assert state.completion_order == ("y", "x")
     outcome = await engine(wf, fleet, journal, sender="workflow:run-1").run()
