@@ -1,0 +1,88 @@
+"""The PostgreSQL server restarts mid-load: nothing acknowledged is lost, no effect happens twice."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter as Tally
+from typing import Any
+
+import pg_support
+import pytest
+
+import rayfleet as rf
+
+AGENTS = 8
+CALLS = 240
+
+
+class Counter(rf.Agent):
+    class State(rf.State):
+        total: int = 0
+
+    @rf.handler
+    async def add(self, n: int) -> int:
+        self.state.total += n
+        total: int = self.state.total
+        return total
+
+    @rf.handler
+    async def get(self) -> int:
+        total: int = self.state.total
+        return total
+
+
+def _restart_command() -> list[str] | None:
+    """How to restart the local test server, or ``None`` when this machine cannot."""
+    if shutil.which("pg_ctlcluster") is None or shutil.which("pg_lsclusters") is None:
+        return None
+    listing = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False)
+    for line in listing.stdout.splitlines():
+        version, cluster, port, *_ = line.split()
+        if port == "5432":
+            return ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"]
+    return None
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_a_postgresql_restart_mid_load_loses_nothing_acknowledged(postgres_ledger: str, make_fleet: Any) -> None:
+    # postgres_ledger comes first, so its database outlives the fleets make_fleet shuts down.
+    command = _restart_command()
+    if command is None:
+        pg_support.require()
+        pytest.skip("the test PostgreSQL server is not a local cluster this test can restart (pg_ctlcluster)")
+    fleet: rf.Fleet = make_fleet(ledger=postgres_ledger, lease_ttl=5.0)
+    refs = [fleet.spawn(f"pg-restart/{index}", Counter) for index in range(AGENTS)]
+    acknowledged: Tally[str] = Tally()
+    retried_errors: list[str] = []
+    restarted = threading.Event()
+
+    def restart() -> None:
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        restarted.set()
+
+    restarter = threading.Thread(target=restart)
+    for index in range(CALLS):
+        if index == CALLS // 3:
+            restarter.start()
+        ref = refs[index % AGENTS]
+        deadline = time.monotonic() + 90
+        while True:
+            # The same idempotency key on every retry: an effect that was already durable is
+            # answered from the dedup window, never applied twice.
+            try:
+                ref.call(Counter.add, n=1, idempotency_key=f"k{index}", timeout=30)
+                acknowledged[ref.identity] += 1
+                break
+            except (rf.RayfleetError, TimeoutError) as error:
+                retried_errors.append(type(error).__name__)
+                assert time.monotonic() < deadline, f"call {index} kept failing: {retried_errors[-5:]}"
+                time.sleep(0.2)
+    restarter.join()
+    assert restarted.is_set()
+    totals = {ref.identity: ref.call(Counter.get) for ref in refs}
+    assert totals == dict(acknowledged), retried_errors
+    assert sum(totals.values()) == CALLS
