@@ -16,178 +16,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import LedgerSchemaError
+from ._schema import MIGRATIONS, SQLITE
 from ._store import Transaction
 
 T = TypeVar("T")
 
-# Each entry is applied once, in order, inside one transaction; ``PRAGMA user_version``
-# records how many have run. Never edit an entry that has shipped: append a new one.
-MIGRATIONS: tuple[str, ...] = (
-    """
-CREATE TABLE IF NOT EXISTS identities (
-    identity TEXT PRIMARY KEY,
-    spec BLOB NOT NULL,
-    fingerprint TEXT NOT NULL,
-    agent_class TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    addressability TEXT NOT NULL,
-    peers TEXT NOT NULL DEFAULT '[]',
-    lifecycle TEXT NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS fences (
-    identity TEXT PRIMARY KEY,
-    high_water INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS leases (
-    identity TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    ttl REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS leases_by_holder ON leases(holder);
-CREATE TABLE IF NOT EXISTS continuity (
-    identity TEXT PRIMARY KEY,
-    runtime_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    checkpoint_version INTEGER NOT NULL,
-    fence INTEGER NOT NULL,
-    snapshot_file TEXT,
-    snapshot_row INTEGER
-);
-CREATE TABLE IF NOT EXISTS paused (
-    identity TEXT PRIMARY KEY,
-    since REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS parked (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    identity TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    envelope BLOB NOT NULL,
-    parked_at REAL NOT NULL,
-    UNIQUE(identity, message_id)
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    identity TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    envelope BLOB NOT NULL,
-    reason TEXT NOT NULL,
-    error TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dead_letters_by_identity ON dead_letters(identity);
-CREATE TABLE IF NOT EXISTS dedup (
-    identity TEXT NOT NULL,
-    key TEXT NOT NULL,
-    reply BLOB NOT NULL,
-    seq INTEGER NOT NULL,
-    PRIMARY KEY (identity, key)
-);
-CREATE TABLE IF NOT EXISTS desired_edges (
-    a TEXT NOT NULL,
-    b TEXT NOT NULL,
-    PRIMARY KEY (a, b)
-);
-CREATE TABLE IF NOT EXISTS edges (
-    a TEXT NOT NULL,
-    b TEXT NOT NULL,
-    managed INTEGER NOT NULL,
-    PRIMARY KEY (a, b)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    workflow TEXT NOT NULL,
-    code_version TEXT NOT NULL,
-    status TEXT NOT NULL,
-    detail TEXT NOT NULL DEFAULT '',
-    definition BLOB,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    pause_requested INTEGER NOT NULL DEFAULT 0,
-    outcome BLOB,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal (
-    run_id TEXT NOT NULL,
-    label TEXT NOT NULL,
-    output BLOB NOT NULL,
-    tokens INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    PRIMARY KEY (run_id, label)
-);
-CREATE TABLE IF NOT EXISTS compensations (
-    run_id TEXT NOT NULL,
-    label TEXT NOT NULL,
-    ok INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    seq INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS run_leases (
-    run_id TEXT PRIMARY KEY,
-    high_water INTEGER NOT NULL,
-    holder TEXT
-);
-CREATE TABLE IF NOT EXISTS hosts (
-    name TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    draining INTEGER NOT NULL DEFAULT 0
-);
-""",
-    # 2: indexes for hot lookups (who declares X as a peer; identities by label) and the
-    # ledger's own facts (fleet id, the incarnation that last applied lock-delay).
-    """
-CREATE TABLE IF NOT EXISTS declared_peers (
-    identity TEXT NOT NULL,
-    peer TEXT NOT NULL,
-    PRIMARY KEY (identity, peer)
-);
-CREATE INDEX IF NOT EXISTS declared_peers_by_peer ON declared_peers(peer);
-INSERT INTO declared_peers (identity, peer)
-    SELECT identities.identity, json_each.value FROM identities, json_each(identities.peers)
-    WHERE true ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS identity_labels (
-    identity TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    PRIMARY KEY (identity, key)
-);
-CREATE INDEX IF NOT EXISTS identity_labels_by_value ON identity_labels(key, value);
-INSERT INTO identity_labels (identity, key, value)
-    SELECT identities.identity, json_each.key, json_each.value FROM identities, json_each(identities.labels)
-    WHERE true ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS ledger_meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-""",
-    # 3: run ownership (the engine's lease and the run's token high-water, kept forever;
-    # holder NULL once released) and exclusive-step leases. Step tokens keep coming from
-    # run_leases.high_water; its holder column is no longer used.
-    """
-CREATE TABLE IF NOT EXISTS run_owners (
-    run_id TEXT PRIMARY KEY,
-    holder TEXT,
-    token INTEGER NOT NULL,
-    ttl REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS step_leases (
-    run_id TEXT NOT NULL,
-    label TEXT NOT NULL,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    ttl REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (run_id, label)
-);
-""",
-)
 
 
 class SqliteDatabase:
@@ -220,10 +53,9 @@ class SqliteDatabase:
         version = int(row[0]) if row else 0
         if version > len(MIGRATIONS):
             raise LedgerSchemaError(location=self.describe(), found=version, known=len(MIGRATIONS))
-        for script in MIGRATIONS[version:]:
-            for statement in script.split(";"):
-                if statement.strip():
-                    tx.execute(statement)
+        for migration in MIGRATIONS[version:]:
+            for statement in migration.statements(SQLITE):
+                tx.execute(statement)
         if version < len(MIGRATIONS):
             # PRAGMA takes no parameters; the value is an int we computed.
             tx.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")

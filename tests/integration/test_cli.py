@@ -80,3 +80,20 @@ def test_job_entrypoint_runs_the_demo(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert job_main() == 0
     assert "Demo passed" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_cli_reaches_a_postgresql_ledger_and_refuses_a_bad_ledger_url(
+    postgres_ledger: str, storage: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace = f"cli-{uuid.uuid4().hex[:8]}"
+    fleet = rf.connect(storage=storage, ledger=postgres_ledger, namespace=namespace, hosts=1)
+    try:
+        fleet.spawn("greeter/pg", Greeter)
+        common = ("--storage", str(storage), "--namespace", namespace, "--ledger", postgres_ledger)
+        assert run(capsys, *common, "send", "greeter/pg", "greet", "--json", '{"name": "pg"}') == (0, "hello pg")
+        code, message = run(capsys, "--storage", str(storage), "--namespace", f"cli-{uuid.uuid4().hex[:8]}",
+                            "--ledger", "mysql://db/x", "status")
+        assert code == 2 and "sqlite:///" in str(message) and "postgresql://" in str(message)
+    finally:
+        fleet.shutdown(stop_actors=True)
