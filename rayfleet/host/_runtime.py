@@ -629,12 +629,14 @@ class HostRuntime:
 
     # -- lifecycle operations (fence before effect) ---------------------------------
 
-    async def _fence(self, identity: str, *, checkpoint: bool) -> LeaseGrant:
+    async def _fence(self, identity: str, *, checkpoint: bool, create: bool = False) -> Activation:
         """Take a new, larger token for ``identity``: every later write by an older owner is refused.
 
         An agent active here is taken out of service first: checkpointed and released
         when ``checkpoint`` (retire, respawn), dropped with its unsaved State otherwise
-        (reset, delete).
+        (reset, delete). ``create`` makes the continuity record of an identity that was
+        never activated (respawn brings such an identity up at generation 0). The
+        activation carries the identity's remembered idempotency keys.
         """
         entry = self._entries.get(identity)
         if entry is not None:
@@ -644,16 +646,16 @@ class HostRuntime:
                         await self._retire_entry(entry, checkpoint=True)
                     else:
                         await self._drop(entry, reason="")
-        result = await self._acquire(identity, create=False)
+        result = await self._acquire(identity, create=create)
         if isinstance(result, LeaseDenied):
             raise OwnedElsewhere(identity, result.holder)
         if isinstance(result, RayfleetError):
             raise result
-        return result.grant
+        return result
 
     async def retire(self, identity: str) -> int:
         """Deactivate (checkpointing) and mark RETIRING; later calls fail until respawn."""
-        grant = await self._fence(identity, checkpoint=True)
+        grant = (await self._fence(identity, checkpoint=True)).grant
         try:
             await self._ledger.set_lifecycle(
                 identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_RETIRED
@@ -665,13 +667,16 @@ class HostRuntime:
 
     async def respawn(self, identity: str) -> ContinuityRecord:
         """Bring an identity back (same generation, last committed State) under a new lease."""
-        grant = await self._fence(identity, checkpoint=True)
-        await self._ledger.set_lifecycle(identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_LIVE)
-        return await self._rehost(identity, grant)
+        fenced = await self._fence(identity, checkpoint=True, create=True)
+        await self._ledger.set_lifecycle(
+            identity=identity, fencing_token=fenced.grant.fencing_token, lifecycle=PERSISTED_LIVE
+        )
+        # Same generation, so the keys it remembers still guard effects in its State.
+        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup)
 
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
-        grant = await self._fence(identity, checkpoint=False)
+        grant = (await self._fence(identity, checkpoint=False)).grant
         try:
             await self._ledger.reset(identity=identity, fencing_token=grant.fencing_token)
         except BaseException:
@@ -679,17 +684,19 @@ class HostRuntime:
             raise
         return await self._rehost(identity, grant)
 
-    async def _rehost(self, identity: str, grant: LeaseGrant) -> ContinuityRecord:
+    async def _rehost(
+        self, identity: str, grant: LeaseGrant, *, dedup: tuple[tuple[str, bytes], ...] = ()
+    ) -> ContinuityRecord:
         views = await self._ledger.resolve([identity])
         view = views.get(identity)
         if view is None:
             raise UnknownIdentityError(identity=identity)
-        entry = await self._materialize(Activation(grant=grant, view=view))
+        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup))
         return entry.record
 
     async def delete(self, identity: str) -> None:
         """Remove the identity, its record and lease; its snapshot rows become garbage."""
-        grant = await self._fence(identity, checkpoint=False)
+        grant = (await self._fence(identity, checkpoint=False)).grant
         await self._ledger.delete(identity=identity, fencing_token=grant.fencing_token)
         self._emit(identity, EventKind.DELETED, fencing_token=grant.fencing_token)
         self._events.close(identity)

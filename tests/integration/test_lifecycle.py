@@ -386,3 +386,21 @@ def test_subscribe_reports_state_changes_checkpoints_and_deletion(fleet: rf.Flee
     assert len(fenced) == 5  # ACTIVE, RETIRING, ACTIVE, ACTIVE, DELETED
     assert fenced == sorted(set(fenced)), fenced  # strictly increasing
     assert all(e.fencing_token in {token(first), *fenced} for e in renewals), renewals
+
+
+@pytest.mark.timeout(120)
+def test_a_keyed_call_has_its_effect_once_across_respawn(fleet: rf.Fleet) -> None:
+    # The reproduction: add(n=5, key k1), respawn, the same call again used to total 10.
+    ref = fleet.spawn("respawn/keyed", Counter)
+    assert ref.call("add", n=5, idempotency_key="k1") == 5
+    fleet.respawn("respawn/keyed")
+    assert ref.call("add", n=5, idempotency_key="k1") == 5
+    assert ref.call("add", n=0) == 5
+
+
+@pytest.mark.timeout(120)
+def test_respawn_of_a_never_activated_identity(fleet: rf.Fleet) -> None:
+    fleet.spawn("respawn/never", Counter)
+    status = fleet.respawn("respawn/never")  # used to fail with an internal AssertionError
+    assert status.state is rf.LifecycleState.ACTIVE and status.generation == 0
+    assert fleet.agent("respawn/never").call("add", n=2) == 2

@@ -307,3 +307,22 @@ async def test_an_activation_waiting_at_shutdown_is_sent_elsewhere(ledger: Ledge
     await host.shutdown()
     with pytest.raises(HostDraining):
         await asyncio.wait_for(call, timeout=5)
+
+
+async def test_a_keyed_call_has_its_effect_once_across_respawn(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path) as host:
+        first = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        assert first.value == 5
+        await host.respawn("c/1")
+        again = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        assert again.value == 5  # the original reply; the effect did not run twice
+        assert (await host.deliver("c/1", "add", (), {"n": 0})).value == 5
+
+
+async def test_respawn_of_a_never_activated_identity_brings_it_up(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/never")
+    async with runtime(ledger, tmp_path) as host:
+        record = await host.respawn("c/never")
+        assert record.generation == 0 and record.checkpoint_version == 0
+        assert (await host.deliver("c/never", "add", (), {"n": 2})).value == 2
