@@ -42,16 +42,25 @@ def apply_lock_delay(tx: Transaction, now: float) -> None:
                (now, now))
 
 
+def next_token(tx: Transaction, *, table: str, key: str, value: str) -> int:
+    """Raise the high-water mark of ``value`` in ``table`` by one and return it (1 the first time).
+
+    One statement (an upsert that returns the new mark), written in the caller's
+    transaction, so the token is persisted exactly when the grant that uses it is.
+    ``table`` and ``key`` are this package's own names, never user input.
+    """
+    row = tx.execute(
+        f"INSERT INTO {table} ({key}, high_water) VALUES (?, 1) "
+        f"ON CONFLICT({key}) DO UPDATE SET high_water = {table}.high_water + 1 RETURNING high_water",
+        (value,),
+    ).fetchone()
+    assert row is not None  # RETURNING yields the upserted row
+    return int(row[0])
+
+
 def raise_high_water(tx: Transaction, identity: str) -> int:
     """Issue the next token of ``identity`` (persisted with the caller's transaction)."""
-    row = tx.execute("SELECT high_water FROM fences WHERE identity = ?", (identity,)).fetchone()
-    token = 1 if row is None else int(row[0]) + 1
-    tx.execute(
-        "INSERT INTO fences (identity, high_water) VALUES (?, ?) "
-        "ON CONFLICT(identity) DO UPDATE SET high_water = excluded.high_water",
-        (identity, token),
-    )
-    return token
+    return next_token(tx, table="fences", key="identity", value=identity)
 
 
 def high_water(tx: Transaction, identity: str) -> int:

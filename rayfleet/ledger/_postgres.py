@@ -139,20 +139,23 @@ class PostgresDatabase:
             tx.execute("UPDATE rayfleet_schema SET version = ?", (len(MIGRATIONS),))
 
     def write(self, fn: Callable[[Transaction], T]) -> T:
-        return self._run(fn, "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        return self._run(fn, psycopg.IsolationLevel.SERIALIZABLE, read_only=False)
 
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # A read-only snapshot: consistent, and never aborted for a conflict.
-        return self._run(fn, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return self._run(fn, psycopg.IsolationLevel.REPEATABLE_READ, read_only=True)
 
-    def _run(self, fn: Callable[[Transaction], T], isolation: str) -> T:
+    def _run(self, fn: Callable[[Transaction], T], isolation: psycopg.IsolationLevel, *, read_only: bool) -> T:
         conflicts = connection_losses = 0
         while True:
             committing = False
             try:
                 with self._pool.connection() as connection:
                     try:
-                        connection.execute(isolation)
+                        # Set on the idle connection, psycopg sends them with the transaction's
+                        # BEGIN: no statement of their own, no extra round trip.
+                        connection.isolation_level = isolation
+                        connection.read_only = read_only
                         result = fn(_Transaction(connection))
                         committing = True
                         connection.commit()

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import InvalidSpecError
+from . import _leases
 from ._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
 from ._store import Row, Transaction
 from ._values import JournalEntry, JournalRecord, RunLease, RunRecord
@@ -213,13 +214,7 @@ def acquire_step_lease(
     refusal = grant_refusal(run_id=run_id, current=current, holder=holder, now=now, step=label)
     if refusal is not None:
         raise refusal
-    row = tx.execute("SELECT high_water FROM run_leases WHERE run_id = ?", (run_id,)).fetchone()
-    token = 1 if row is None else int(row[0]) + 1
-    tx.execute(
-        "INSERT INTO run_leases (run_id, high_water) VALUES (?, ?) "
-        "ON CONFLICT(run_id) DO UPDATE SET high_water = excluded.high_water",
-        (run_id, token),
-    )
+    token = _leases.next_token(tx, table="run_leases", key="run_id", value=run_id)
     tx.execute(
         "INSERT INTO step_leases (run_id, label, holder, token, ttl, expires_at) VALUES (?, ?, ?, ?, ?, ?) "
         "ON CONFLICT(run_id, label) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
