@@ -94,6 +94,38 @@ class DeliveryCounters:
     """Messages parked because their agent was paused."""
 
 
+class _StoppedForLostLease(Exception):
+    """A handler was cancelled because its agent was dropped for a lost lease."""
+
+
+async def _run_stoppable(entry: HostedAgent, info: HandlerInfo, bound: dict[str, Any]) -> Any:
+    """Run one handler attempt so that losing the lease stops it at its next ``await``.
+
+    Handlers that can wait (coroutines, thread handlers) run as a task recorded on the
+    entry; the runtime cancels it when it drops the entry for a lost lease. A plain
+    function has no ``await`` to stop at, so it runs inline and the turn checks the
+    lease after it returns. A thread handler's thread cannot be interrupted: its result
+    is discarded with the dropped entry.
+
+    Raises:
+        _StoppedForLostLease: the handler was cancelled because the entry was dropped.
+    """
+    if not (info.is_coroutine or info.in_thread):
+        return await run_handler(info, entry.agent, bound)
+    task = asyncio.ensure_future(run_handler(info, entry.agent, bound))
+    entry.handler_task = task
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        entry.handler_task = None
+    if task.cancelled() and entry.dropped:
+        raise _StoppedForLostLease
+    return task.result()
+
+
 class Delivery:
     """Runs messages through the gates and their handlers; one instance per host.
 
@@ -224,6 +256,9 @@ class Delivery:
         await self._check_deadline(envelope)
         await self._activations.ensure_healthy_lease(entry)
         value, usage = await self._run_with_retries(entry, envelope, info, bound)
+        if entry.dropped:
+            # The lease went while the handler ran: its State is not this host's to reply with.
+            raise LeaseLostError(identity=envelope.target, detail="the lease was lost during the turn; retry the call")
         if key is not None:
             reply = cloudpickle.dumps((value, usage))
             entry.dedup.insert(key, reply)
@@ -276,11 +311,24 @@ class Delivery:
         """
         policy = entry.spec.retry
         for attempt in range(policy.max_attempts):
+            if entry.dropped:
+                # The lease went during the wait before this retry: the new owner runs the message.
+                raise LeaseLostError(identity=envelope.target, detail="the lease was lost between attempts; retry")
             before = entry.agent.state.model_copy(deep=True)
             self.counters.turns += 1
             entry.last_used = self._clock()
             try:
-                outcome = await run_handler(info, entry.agent, bound)
+                outcome = await _run_stoppable(entry, info, bound)
+            except _StoppedForLostLease:
+                entry.agent.state = before
+                raise LeaseLostError(
+                    identity=envelope.target,
+                    detail="the lease was lost while the handler ran; it was stopped at its next await and its "
+                    "State discarded. Retry the call: the new owner runs it",
+                ) from None
+            except asyncio.CancelledError:
+                entry.agent.state = before
+                raise
             except Exception as error:  # noqa: BLE001 - user code may raise anything; it becomes a HandlerError
                 # A failed attempt leaves State as it was: the next one starts from the same place.
                 entry.agent.state = before

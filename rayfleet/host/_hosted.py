@@ -66,3 +66,5 @@ class HostedAgent:
     fences: FenceMap = field(default_factory=FenceMap)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""
+    handler_task: asyncio.Future[Any] | None = None
+    """The handler attempt running now, when it can be stopped; cancelled when the entry is dropped."""

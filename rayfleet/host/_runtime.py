@@ -614,6 +614,10 @@ class HostRuntime:
         entry.dropped = True
         if self._entries.get(identity) is entry:
             del self._entries[identity]
+        if entry.handler_task is not None and not entry.handler_task.done():
+            # Cooperative cancellation: the handler stops at its next await, and its turn
+            # answers LeaseLostError instead of a reply built on State this host no longer owns.
+            entry.handler_task.cancel()
         if release:
             await self._release({identity: entry.grant.fencing_token})
         elif reason:
@@ -755,7 +759,14 @@ class HostRuntime:
             await asyncio.sleep(tick)
             now = self._clock()
             for entry in list(self._entries.values()):
-                if entry.dropped or entry.turn_lock.locked():
+                if entry.dropped:
+                    continue
+                if now - entry.installed_at >= entry.grant.ttl:
+                    # Expired by this host's own clock (it was frozen, or the ledger is out of
+                    # reach): another host may own it now, so stop serving it, turn or no turn.
+                    await self._drop(entry, reason="the lease expired before it could be renewed")
+                    continue
+                if entry.turn_lock.locked():
                     continue
                 due = (
                     entry.dirty

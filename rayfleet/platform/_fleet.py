@@ -51,7 +51,7 @@ from ._host_actor import AgentHost
 from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
-from ._routing import Courier, HostDirectory, HostRequest
+from ._routing import Courier, HostDirectory, HostRequest, probe_interval_for
 from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerClient,
@@ -198,7 +198,9 @@ class Fleet:
             self._snapshot_store().storage.check()
         self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
                                     node=config.ledger_node)
-        self._courier = Courier(HostDirectory(config.namespace), self._ledger)
+        self._courier = Courier(
+            HostDirectory(config.namespace), self._ledger, probe_interval=probe_interval_for(config.lease_ttl)
+        )
         self._runner = RunnerClient(config.namespace, self.ledger_location.url, self.storage)
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""

@@ -33,6 +33,7 @@ from ._routing import (
     Courier,
     HostDirectory,
     deliver_request,
+    probe_interval_for,
 )
 
 log = logging.getLogger("rayfleet.host")
@@ -89,7 +90,9 @@ class AgentHost:
             self._started = asyncio.get_running_loop().create_future()
             try:
                 ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
-                self.courier = Courier(HostDirectory(self.namespace), ledger)
+                self.courier = Courier(
+                    HostDirectory(self.namespace), ledger, probe_interval=probe_interval_for(self._lease_ttl)
+                )
                 self.runtime = HostRuntime(
                     name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
                     lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],

@@ -1332,3 +1332,21 @@ def test_a_store_written_by_a_newer_rayfleet_is_refused(backend, clock, ledger):
     with pytest.raises(LedgerSchemaError) as caught:
         backend.open(clock)
     assert caught.value.found == 99 and "upgrade rayfleet" in str(caught.value)
+
+
+def test_leases_reports_the_live_holder_and_a_lapsed_lease_as_none(ledger, clock) -> None:
+    # Routers ask this to tell a slow owner (still renewing) from a frozen one (lease lapsed).
+    register(ledger, "a")
+    register(ledger, "b")
+    granted = grant(ledger, "A", "a")
+    leases = ledger.leases(["a", "b", "nobody"])
+    assert set(leases) == {"a", "b"}  # unknown identities are absent
+    assert leases["b"] is None
+    live = leases["a"]
+    assert live is not None and live.holder == "A" and live.fencing_token == granted.fencing_token
+    assert 0 < live.expires_in <= TTL
+    clock.advance(TTL + 0.1)
+    assert ledger.leases(["a"]) == {"a": None}
+    grant(ledger, "B", "a")
+    after = ledger.leases(["a"])["a"]
+    assert after is not None and after.holder == "B" and after.fencing_token > granted.fencing_token
