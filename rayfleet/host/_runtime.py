@@ -139,6 +139,25 @@ class HostStatistics:
     draining: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainReport:
+    """What a drain did with the agents of one host.
+
+    Every agent the host had when the drain began is off it when the drain returns:
+    checkpointed and released, or, past the deadline, released without its unsaved State.
+    """
+
+    host: str
+    checkpointed: int
+    """Agents deactivated normally: unsaved State committed, ``on_deactivate`` run, lease released."""
+    released_unsaved: int
+    """Agents still busy (a turn running, a checkpoint failing) at the deadline: their
+    handlers were stopped and their leases released, so the next owner starts from the
+    last committed State at once instead of after a lease TTL."""
+    timed_out: bool
+    """True when the deadline passed before every agent was deactivated normally."""
+
+
 class _AgentContext:
     """The capabilities a hosted agent gets (``rf.Agent`` reads them through properties)."""
 
@@ -599,6 +618,39 @@ class HostRuntime:
 
         results = await asyncio.gather(*(one(identity) for identity in list(self._entries)))
         return sum(results)
+
+    async def drain(self, timeout: float) -> DrainReport:
+        """Take no new activations and move every agent off this host within ``timeout`` seconds.
+
+        Agents are checkpointed and released as in :meth:`deactivate`. Those still busy
+        at the deadline (a long turn, a checkpoint that cannot be written) are dropped:
+        a running handler is stopped at its next ``await``, its caller gets
+        ``LeaseLostError``, and the lease is released so another host activates the
+        identity from its last committed State at once. Never waits much past ``timeout``:
+        releasing is one ledger call, bounded by the ledger's own timeouts.
+        """
+        self.draining = True
+        entries = list(self._entries.values())
+        jobs = {asyncio.ensure_future(self.deactivate(entry.spec.identity)): entry for entry in entries}
+        done, late = await asyncio.wait(jobs, timeout=timeout) if jobs else (set(), set())
+        checkpointed = sum(1 for job in done if not job.cancelled() and job.exception() is None and job.result())
+        for job in done:
+            if not job.cancelled() and job.exception() is not None:
+                log.warning("draining %s: deactivating %s failed: %s", self.name, jobs[job].spec.identity,
+                            job.exception())
+        stragglers = [entry for entry in entries if not entry.dropped]
+        tokens = {entry.spec.identity: entry.grant.fencing_token for entry in stragglers}
+        for entry in stragglers:
+            await self._drop(entry, reason="")
+        for job in late:
+            job.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        if tokens:
+            log.warning("drain of %s passed its %.1f s deadline; released %d busy agents without checkpoint: %s",
+                        self.name, timeout, len(tokens), ", ".join(sorted(tokens)[:10]))
+            await self._release(tokens)
+        return DrainReport(host=self.name, checkpointed=checkpointed, released_unsaved=len(tokens),
+                           timed_out=bool(late))
 
     async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool) -> None:
         """Take ``entry`` out of service (turn lock held); its lease is released."""

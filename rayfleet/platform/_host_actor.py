@@ -16,6 +16,7 @@ from ..errors import InvalidSpecError, RayfleetError
 from ..host._events import EventSubscription
 from ..host._messages import Envelope
 from ..host._runtime import (
+    DrainReport,
     HostDraining,
     HostRuntime,
     HostStatistics,
@@ -35,6 +36,7 @@ from ._routing import (
     deliver_request,
     probe_interval_for,
 )
+from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
 log = logging.getLogger("rayfleet.host")
 
@@ -83,6 +85,7 @@ class AgentHost:
         self.courier: Courier
         self._started: asyncio.Future[None] | None = None
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
+        self._node_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Connect to the ledger, start the runtime and register; returns the lease holder id."""
@@ -99,6 +102,8 @@ class AgentHost:
                 )
                 await self.runtime.start()
                 await ledger.register_host(name=self.name, holder=self.runtime.holder)
+                drain_on_sigterm(asyncio.get_running_loop(), self._drain_before_exit)
+                self._node_watch = asyncio.get_running_loop().create_task(self._watch_node_drain())
                 await self.courier.refresh_async()
                 self._started.set_result(None)
             except BaseException as error:
@@ -199,15 +204,38 @@ class AgentHost:
         """Reply: how many parked messages were dead-lettered."""
         return await self._serve(self.runtime.cancel_parked(identity))
 
-    async def drain(self, timeout: float) -> int:
-        """Stop new activations, then checkpoint and release every agent within ``timeout`` seconds."""
+    async def drain(self, timeout: float) -> DrainReport:
+        """Stop new activations, then move every agent off this host within ``timeout`` seconds.
+
+        See :meth:`HostRuntime.drain`. The ledger's host list marks it draining first,
+        so routers stop placing identities here; when the ledger is out of reach the
+        drain goes on (placement then learns from redirects).
+        """
         await self.start()
         self.runtime.draining = True
-        await self.courier.ledger.set_host_draining(name=self.name, draining=True)
         try:
-            return await asyncio.wait_for(self.runtime.deactivate_all(), timeout)
-        except asyncio.TimeoutError:
-            return -1
+            await self.courier.ledger.set_host_draining(name=self.name, draining=True)
+        except Exception as error:  # noqa: BLE001 - draining must not depend on the ledger being up
+            log.warning("could not mark %s draining in the ledger: %s", self.name, error)
+        return await self.runtime.drain(timeout)
+
+    async def _drain_before_exit(self, timeout: float) -> None:
+        """SIGTERM: drain, then leave the host list so nobody routes here while the process exits."""
+        if self._started is None or not self._started.done() or self._started.exception() is not None:
+            return
+        report = await self.drain(timeout)
+        log.warning("%s drained before exit: %s", self.name, report)
+        await self.courier.ledger.remove_host(name=self.name, holder=self.runtime.holder)
+
+    async def _watch_node_drain(self) -> None:
+        """Drain when the GCS starts draining this host's node (``ray drain-node``, autoscaler, KubeRay)."""
+        node_id = ray.get_runtime_context().get_node_id()
+        while not self.runtime.draining:
+            await asyncio.sleep(NODE_DRAIN_POLL)
+            timeout = await asyncio.to_thread(node_drain_timeout, node_id, DRAIN_ON_EXIT_TIMEOUT)
+            if timeout is not None and not self.runtime.draining:
+                log.warning("node %s of %s is being drained; draining within %.0f s", node_id, self.name, timeout)
+                await self.drain(timeout)
 
     async def undrain(self) -> None:
         await self.start()

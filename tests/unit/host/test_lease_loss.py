@@ -16,6 +16,7 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._hosted import HostDraining
 from rayfleet.host._runtime import HostRuntime
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
@@ -140,3 +141,38 @@ async def test_a_lease_lost_between_retries_ends_the_turn_without_another_attemp
         with pytest.raises(rf.LeaseLostError):
             await asyncio.wait_for(turn, 30)
         assert host.statistics().turns == 1
+
+
+async def test_a_drain_past_its_deadline_releases_busy_agents_and_checkpoints_the_rest(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    for identity in ("w/idle-1", "w/idle-2", "w/busy"):
+        register(ledger, identity)
+    async with runtime(ledger, tmp_path, "host-a") as host:
+        await host.deliver("w/idle-1", "add", (), {"n": 1})
+        await host.deliver("w/idle-2", "add", (), {"n": 2})
+        await host.deliver("w/busy", "add", (), {"n": 3})
+        stuck = asyncio.ensure_future(host.deliver("w/busy", "add_after", (), {"n": 100, "gate": "forever"}))
+        await _until(lambda: host.statistics().turns == 4, "the long turn runs")
+
+        report = await host.drain(0.2)
+
+        assert report == rf.DrainReport(host="host-a", checkpointed=2, released_unsaved=1, timed_out=True)
+        with pytest.raises(rf.LeaseLostError):
+            await asyncio.wait_for(stuck, 30)
+        assert host.active_identities() == []
+        # Released, not left to lapse: every lease is free now, not after a TTL.
+        assert ledger.leases(["w/idle-1", "w/idle-2", "w/busy"]) == {"w/idle-1": None, "w/idle-2": None, "w/busy": None}
+    async with runtime(ledger, tmp_path, "host-b") as heir:
+        assert (await heir.deliver("w/busy", "add", (), {"n": 0})).value == 3  # the stopped turn left no trace
+        assert (await heir.deliver("w/idle-2", "add", (), {"n": 0})).value == 2
+
+
+async def test_a_drain_within_its_deadline_checkpoints_everything(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "w/1")
+    async with runtime(ledger, tmp_path, "host-a") as host:
+        await host.deliver("w/1", "add", (), {"n": 1})
+        assert await host.drain(30) == rf.DrainReport(host="host-a", checkpointed=1, released_unsaved=0,
+                                                     timed_out=False)
+        with pytest.raises(HostDraining):  # new work goes to another host
+            await host.deliver("w/1", "add", (), {"n": 1})
