@@ -737,17 +737,25 @@ class HostRuntime:
 
     async def _renewal_loop(self) -> None:
         while True:
-            delay = self.lease_ttl / 3
-            if self._renewal_failures:
-                delay = max(delay, renewal_backoff(self._renewal_failures, cap=self.lease_ttl))
-            await asyncio.sleep(delay)
-            try:
-                await self.renew_once()
-                self._renewal_failures = 0
-            except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
-                self._renewal_failures += 1
-                log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
-                        "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
+            await asyncio.sleep(self._renewal_delay())
+            await self._renewal_attempt()
+
+    def _renewal_delay(self) -> float:
+        """Seconds until the renewal loop's next attempt."""
+        delay = self.lease_ttl / 3
+        if self._renewal_failures:
+            delay = max(delay, renewal_backoff(self._renewal_failures, cap=self.lease_ttl))
+        return delay
+
+    async def _renewal_attempt(self) -> None:
+        """One attempt of the renewal loop; counts consecutive failures, never raises."""
+        try:
+            await self.renew_once()
+            self._renewal_failures = 0
+        except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
+            self._renewal_failures += 1
+            log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
+                    "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
 
     async def _housekeeping_loop(self) -> None:
         tick = 0.05
