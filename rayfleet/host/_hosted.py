@@ -60,6 +60,8 @@ class HostedAgent:
     last_commit: float = 0.0
     dropped: bool = False
     paused: bool = False
+    pause_generation: int = 0
+    """How many pauses took effect here; a resume stops when one took effect after it began."""
     dedup: DedupWindow = field(default_factory=DedupWindow)
     pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
     """Keys remembered since the last commit; they are committed with the next checkpoint."""
