@@ -463,6 +463,10 @@ class HostRuntime:
           the next activation reloads the last committed snapshot, and its new
           token fences a write that might still land. The caller gets
           ``LedgerUnavailableError`` with ``committed_unknown``;
+        * refused as not newer (``StaleCheckpointVersionError``): the fence check
+          passed, so the version is this owner's own; if the ledger holds this
+          version under this token, this write reached it twice and this is a
+          success, otherwise the entry is reloaded as below;
         * not committed (a storage error, or a ledger unreachable before the
           write): under ``EVERY_TURN`` the entry is dropped and released the same
           way, so the State goes back to the last committed one and nothing
@@ -472,7 +476,7 @@ class HostRuntime:
 
         Raises:
             LeaseLostError, LedgerUnavailableError, or the storage error, as above.
-            InternalError: the ledger found the version already committed under
+            InternalError: the ledger holds another checkpoint of this version under
                 this owner's own token, which the rules above rule out.
         """
         identity = entry.spec.identity
@@ -488,11 +492,14 @@ class HostRuntime:
         except LeaseLostError:
             raise
         except StaleCheckpointVersionError as error:
-            # The fence check passed, so the conflicting version is this owner's own write.
-            await self._reload(entry, why=error.message)
-            raise InternalError(
-                detail=f"checkpoint of {identity!r} met its own earlier write ({error.message})"
-            ) from error
+            # The fence check passed, so the version was committed under this owner's own
+            # token: by this very write if the call reached the ledger twice (a transport
+            # retry after a lost reply). Never a sign that another owner took over.
+            if not await self._landed(entry, version):
+                await self._reload(entry, why=error.message)
+                raise InternalError(
+                    detail=f"checkpoint of {identity!r} met an earlier write of its own ({error.message})"
+                ) from error
         except LedgerUnavailableError as error:
             if not error.committed_unknown:
                 await self._discard_unsaved(entry, keys, why=error.message)

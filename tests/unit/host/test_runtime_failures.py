@@ -56,13 +56,15 @@ class Gate:
 
 class FaultyLedgerClient(LocalLedgerClient):
     """The real client; a call named in ``fail`` raises before it runs, one in ``lose_reply``
-    runs and then raises (its reply was lost), one in ``gates`` stops after it ran until released."""
+    runs and then raises (its reply was lost), one in ``twice`` runs twice and answers with the
+    second reply, one in ``gates`` stops after it ran until released."""
 
     def __init__(self, ledger: Ledger, *, during: dict[str, Callable[[], None]] | None = None) -> None:
         super().__init__(ledger)
         self.fail: dict[str, list[BaseException]] = defaultdict(list)
         self.lose_reply: dict[str, list[BaseException]] = defaultdict(list)
         self.gates: dict[str, Gate] = {}
+        self.twice: set[str] = set()
         self.during = during or {}
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -73,6 +75,10 @@ class FaultyLedgerClient(LocalLedgerClient):
         if name in self.during:
             self.during[name]()
         result = await run()
+        if name in self.twice:
+            # The request reached the ledger twice (a transport retry); the caller sees the second reply.
+            self.twice.discard(name)
+            result = await run()
         gate = self.gates.pop(name, None)
         if gate is not None:
             gate.reached.set()
@@ -238,6 +244,18 @@ async def test_a_commit_whose_reply_was_lost_and_did_not_land_is_retried_once(le
         retry = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert (retry.value, retry.duplicate) == (6, False)
         assert remembered(ledger, "c/1") == ["k1"]
+
+
+async def test_a_commit_that_reached_the_ledger_twice_is_a_success(ledger: Ledger, tmp_path: Path) -> None:
+    register(ledger, "c/1")
+    client = FaultyLedgerClient(ledger)
+    async with host_on(client, tmp_path) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        client.twice.add("commit_checkpoints")  # the second run is refused: version 2 is already there
+        result = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        assert (result.value, result.checkpoint_version) == (6, 2)
+        assert host.is_active("c/1") and host.statistics().leases_lost == 0
+        assert (await host.deliver("c/1", "add", (), {"n": 1})).checkpoint_version == 3
 
 
 # -- R8: a refused fenced write drops the stale owner at once --------------------------
