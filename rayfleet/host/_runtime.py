@@ -562,12 +562,13 @@ class HostRuntime:
         future: asyncio.Future[HostedAgent] = asyncio.get_running_loop().create_future()
         self._activating[identity] = future
         try:
+            requested_at = self._clock()
             result = await self._acquire(identity)
             if isinstance(result, LeaseDenied):
                 raise OwnedElsewhere(identity, result.holder)
             if isinstance(result, RayfleetError):
                 raise result
-            entry = await self._materialize(result)
+            entry = await self._materialize(result, requested_at=requested_at)
             future.set_result(entry)
             return entry
         except BaseException as error:
@@ -622,11 +623,15 @@ class HostRuntime:
                         future.set_exception(HostDraining(identity))
             raise
 
-    async def _materialize(self, activation: Activation) -> HostedAgent:
-        """Build the agent from an acquired lease; on any failure the lease is released."""
+    async def _materialize(self, activation: Activation, *, requested_at: float) -> HostedAgent:
+        """Build the agent from an acquired lease; on any failure the lease is released.
+
+        ``requested_at`` is when the acquire was sent (or earlier): the lease is dated
+        from then, since the ledger started its TTL no earlier.
+        """
         view, grant = activation.view, activation.grant
         identity = view.identity
-        installed_at = self._clock()
+        installed_at = requested_at
         try:
             if view.addressability == Addressability.INTERNAL_ONLY.value and view.lifecycle != PERSISTED_LIVE:
                 # Remember it so an outside caller is refused as NOT ADDRESSABLE before it
@@ -805,31 +810,34 @@ class HostRuntime:
 
     async def respawn(self, identity: str) -> ContinuityRecord:
         """Bring an identity back (same generation, last committed State) under a new lease."""
+        requested_at = self._clock()
         fenced = await self._fence(identity, checkpoint=True, create=True)
         await self._ledger.set_lifecycle(
             identity=identity, fencing_token=fenced.grant.fencing_token, lifecycle=PERSISTED_LIVE
         )
         # Same generation, so the keys it remembers still guard effects in its State.
-        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup)
+        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup, requested_at=requested_at)
 
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
+        requested_at = self._clock()
         grant = (await self._fence(identity, checkpoint=False)).grant
         try:
             await self._ledger.reset(identity=identity, fencing_token=grant.fencing_token)
         except BaseException:
             await self._release({identity: grant.fencing_token})
             raise
-        return await self._rehost(identity, grant)
+        return await self._rehost(identity, grant, requested_at=requested_at)
 
     async def _rehost(
-        self, identity: str, grant: LeaseGrant, *, dedup: tuple[tuple[str, bytes], ...] = ()
+        self, identity: str, grant: LeaseGrant, *, requested_at: float, dedup: tuple[tuple[str, bytes], ...] = ()
     ) -> ContinuityRecord:
+        """Host ``identity`` under ``grant``, acquired no earlier than ``requested_at``."""
         views = await self._ledger.resolve([identity])
         view = views.get(identity)
         if view is None:
             raise UnknownIdentityError(identity=identity)
-        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup))
+        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup), requested_at=requested_at)
         return entry.record
 
     async def delete(self, identity: str) -> None:

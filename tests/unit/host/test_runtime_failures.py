@@ -93,6 +93,9 @@ class FaultyLedgerClient(LocalLedgerClient):
     def resolve(self, identities: Any) -> Any:  # type: ignore[override]
         return self._intercept("resolve", lambda: LocalLedgerClient.resolve(self, identities))
 
+    def acquire(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._intercept("acquire", lambda: LocalLedgerClient.acquire(self, **kwargs))
+
     def renew(self, **kwargs: Any) -> Any:  # type: ignore[override]
         return self._intercept("renew", lambda: LocalLedgerClient.renew(self, **kwargs))
 
@@ -348,6 +351,19 @@ async def test_a_turn_renewal_dates_the_lease_from_when_it_was_sent(ledger: Ledg
         await host.deliver("c/1", "add", (), {"n": 1})
         assert client.calls["renew"] == 1
         assert host._entries["c/1"].installed_at == sent_at
+
+
+@pytest.mark.parametrize("operation", ["activate", "respawn", "reset"])
+async def test_a_new_lease_is_dated_from_when_it_was_requested(ledger: Ledger, tmp_path: Path, operation: str) -> None:
+    register(ledger, "c/1")
+    clock = ManualClock()
+    client = FaultyLedgerClient(ledger, during={"acquire": lambda: clock.advance(0.5)})  # a 0.5 s round trip
+    async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
+        if operation != "activate":
+            await host.activate("c/1")
+        requested_at = clock.now
+        await {"activate": host.activate, "respawn": host.respawn, "reset": host.reset}[operation]("c/1")
+        assert host._entries["c/1"].installed_at == requested_at
 
 
 async def test_a_lease_survives_two_failed_renewals(tmp_path: Path) -> None:
