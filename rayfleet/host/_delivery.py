@@ -15,6 +15,8 @@ Every message meets the same gates, in this order:
 8. the handler, retried per the agent's ``RetryPolicy`` while it raises retryable
    errors; each failed attempt leaves State as it was before the attempt;
 9. the commit, at once for ``EVERY_TURN`` durability, later for the others;
+   under ``EVERY_TURN`` a key's reply is remembered only once its commit landed,
+   so a turn whose commit failed is never answered as a duplicate;
 10. the reply.
 
 A message refused for its arguments, a stale fence or a passed deadline, or whose
@@ -404,7 +406,8 @@ class Delivery:
                 during the replay; the messages not yet handled stay parked for the
                 next owner, and the agent stays paused.
             LedgerUnavailableError: a replayed turn's checkpoint did not land or its
-                outcome is unknown; that message stays parked, as above.
+                outcome is unknown (a storage error is raised as it came); that
+                message stays parked, as above.
         """
         entry = await self._entry(identity)
         generation = entry.pause_generation
