@@ -480,6 +480,26 @@ def test_released_lease_is_not_lock_delayed_after_restart(ledger, backend, clock
         ledger.close()
 
 
+def test_lease_already_expired_at_restart_is_not_revived_by_lock_delay(ledger, backend, clock):
+    # A dead holder's lease that lapsed before the restart must stay takeable: lock-delay
+    # protects only owners that may still be alive, and this one's lease was gone already.
+    register(ledger)
+    register(ledger, "b")
+    g = grant(ledger, "A")
+    held = grant(ledger, "A", "b")
+    clock.advance(TTL - 1)
+    assert ledger.renew(holder="A", tokens={"b": held.fencing_token})["b"] == held  # b stays live, a does not
+    clock.advance(2)  # a expired 1 s ago
+    ledger = restart(ledger, backend, clock)
+    try:
+        taken = grant(ledger, "B")
+        assert taken.holder == "B" and taken.fencing_token > g.fencing_token
+        denied = ledger.acquire(holder="B", identities=["b"], ttl=TTL)["b"]
+        assert isinstance(denied, LeaseDenied) and denied.holder == "A"
+    finally:
+        ledger.close()
+
+
 # -- fenced writes ----------------------------------------------------------------------
 
 
@@ -972,6 +992,21 @@ def test_renewal_keeps_the_run_lease_from_lapsing(ledger, clock):
         assert ledger.renew_run_lease(run_id=run, holder="E1", token=lease.token) == lease
     with pytest.raises(RunOwnedElsewhereError):
         ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+
+
+def test_run_lease_already_lapsed_at_restart_is_not_revived_by_lock_delay(ledger, backend, clock):
+    lapsed, live = new_run(ledger, "lapsed"), new_run(ledger, "live")
+    ledger.acquire_run_lease(run_id=lapsed, holder="E1", ttl=TTL)
+    clock.advance(TTL - 1)
+    ledger.acquire_run_lease(run_id=live, holder="E1", ttl=TTL)
+    clock.advance(2)  # "lapsed" expired 1 s ago, "live" has TTL - 2 left
+    ledger = restart(ledger, backend, clock)
+    try:
+        assert ledger.acquire_run_lease(run_id=lapsed, holder="E2", ttl=TTL).holder == "E2"
+        with pytest.raises(RunOwnedElsewhereError):
+            ledger.acquire_run_lease(run_id=live, holder="E2", ttl=TTL)
+    finally:
+        ledger.close()
 
 
 def test_a_named_dead_holder_is_taken_over_at_once_and_its_step_leases_freed(ledger):
