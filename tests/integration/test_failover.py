@@ -79,3 +79,48 @@ def test_a_frozen_hosts_identities_answer_from_another_host_while_it_is_still_fr
     assert stats.active_agents == 0 and stats.leases_lost >= len(victims)
     for ref in refs:
         assert ref.call("add", n=1, idempotency_key="second") == 2  # still exactly once
+
+
+class Notebook(rf.Agent):
+    """Commits only when deactivated: State that a host dying without a drain would lose."""
+
+    class State(rf.State):
+        lines: list[str] = []
+
+    @rf.handler
+    def write(self, line: str) -> int:
+        self.state.lines.append(line)
+        return len(self.state.lines)
+
+
+@pytest.mark.timeout(180)
+def test_a_host_that_gets_sigterm_drains_before_it_exits(make_fleet) -> None:
+    # A long TTL: had the leases been left to lapse, they would still be held when checked.
+    fleet: rf.Fleet = make_fleet(hosts=2, lease_ttl=120.0)
+    refs = [fleet.spawn(f"term/{i}", Notebook, durability=rf.Durability.ON_DEACTIVATE) for i in range(6)]
+    for ref in refs:
+        assert ref.call("write", line="kept") == 1
+    owners = {ref.identity: fleet.status(ref.identity).host for ref in refs}
+    victim = owners[refs[0].identity]
+    assert victim is not None
+    moving = [ref for ref in refs if owners[ref.identity] == victim]
+    committed = {ref.identity: fleet.status(ref.identity).checkpoint_version for ref in moving}
+    assert set(committed.values()) <= {None, 0}, committed  # nothing committed yet
+    pid = _pid(fleet, victim)
+
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(600):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the host did not exit after SIGTERM")
+
+    for ref in moving:
+        status = fleet.status(ref.identity)
+        assert status.checkpoint_version == 1  # checkpointed by the drain on the way out
+        assert status.lease is None  # released, not left to lapse
+    for ref in refs:
+        assert ref.call("write", line="again") == 2  # the unsaved line survived the host's exit
