@@ -309,7 +309,8 @@ class Courier:
             if ready:
                 return ray.get(pending)
             if deadline is not None and time.monotonic() >= deadline:
-                _cancel(pending)
+                # The caller stops waiting; the turn is not cancelled (it may commit, and a
+                # retry under the same idempotency key then gets its reply).
                 raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
             lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
             if plan.on_probe(host, lease):
@@ -341,23 +342,23 @@ class Courier:
                 return value
 
     async def _wait_async(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any]) -> Any:
-        """:meth:`_wait_sync`, awaited (a cancelled caller cancels the request too)."""
+        """:meth:`_wait_sync`, awaited.
+
+        A caller that is cancelled (a timeout, a ``FirstOf`` already decided) only stops
+        waiting: the turn goes on, as with the blocking path's timeout.
+        """
         reply: asyncio.Future[Any] = asyncio.wrap_future(pending.future())
-        try:
-            while True:
-                done, _ = await asyncio.wait({reply}, timeout=self.probe_interval)
-                if done:
-                    return reply.result()
-                lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
-                if plan.on_probe(host, lease):
-                    continue
-                if reply.done():
-                    return reply.result()
-                _cancel(pending)
-                return _ABANDONED
-        except asyncio.CancelledError:
+        while True:
+            done, _ = await asyncio.wait({reply}, timeout=self.probe_interval)
+            if done:
+                return reply.result()
+            lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
+            if plan.on_probe(host, lease):
+                continue
+            if reply.done():
+                return reply.result()
             _cancel(pending)
-            raise
+            return _ABANDONED
 
 
 _ABANDONED: Any = object()
