@@ -78,7 +78,8 @@ class FleetConfig:
     """How a fleet is deployed. Built by :func:`connect`; every field has a default."""
 
     address: str | None = None
-    """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
+    """Ray address; ``None`` uses ``RAY_ADDRESS``, else a cluster ``ray start`` left on this machine
+    (as ``ray.init()`` finds it), else starts a local Ray."""
     storage: str = DEFAULT_STORAGE
     """Folder or ``pyarrow.fs`` URI (``s3://bucket/prefix?...``) for snapshots and large journal
     outputs, and for the SQLite ledger when it is a local folder."""
@@ -139,7 +140,9 @@ def connect(
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
-    ``address=None`` uses ``RAY_ADDRESS`` when set, else starts a local Ray;
+    ``address=None`` uses ``RAY_ADDRESS`` when set, else attaches to a cluster a ``ray start``
+    on this machine left (as ``ray.init()`` finds it), else starts a local Ray; only in that
+    last case does :meth:`Fleet.shutdown` stop the fleet's actors by default;
     ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``.
     ``ledger=None`` uses ``RAYFLEET_LEDGER`` when set, else a SQLite file in the
     storage folder; ``ledger="postgresql://..."`` puts the ledger in PostgreSQL, which
@@ -186,7 +189,11 @@ class Fleet:
                          include_dashboard=None if config.address else False)
             except ConnectionError as error:
                 raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
-            self._started_ray = config.address is None
+            # Recorded from what ray.init did, never inferred from the address: with no
+            # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
+            # the address file a `ray start` on this machine wrote), and that cluster's
+            # fleet must outlive this driver.
+            self._started_ray = _started_local_ray()
         self.storage = _absolute_storage(config.storage)
         self.ledger_location = config.ledger_location(self.storage)
         """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
@@ -205,6 +212,11 @@ class Fleet:
         self.runs = RunsClient(self._ledger, self._runner)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
         self._ensure_hosts()
+
+    @property
+    def started_ray(self) -> bool:
+        """Whether this driver started the Ray it is connected to (then :meth:`shutdown` stops it)."""
+        return self._started_ray
 
     # -- hosts ----------------------------------------------------------------------
 
@@ -635,8 +647,12 @@ class Fleet:
     # -- shutdown -------------------------------------------------------------------
 
     def shutdown(self, *, stop_actors: bool | None = None) -> None:
-        """Disconnect; with ``stop_actors`` (default: when this driver started Ray) also
-        checkpoint every agent and stop the fleet's actors. A second call does nothing."""
+        """Disconnect; with ``stop_actors`` also checkpoint every agent and stop the fleet's actors.
+
+        ``stop_actors`` defaults to :attr:`started_ray`: a driver that attached to a running
+        cluster leaves the fleet there running, and one that started its own Ray stops the
+        actors gracefully before that Ray ends with it. A second call does nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -664,6 +680,17 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _started_local_ray() -> bool:
+    """Whether the ``ray.init`` this process just made started a new local Ray (a head node).
+
+    Attaching to an existing cluster makes a connect-only, non-head node. Ray has no
+    public flag for this; if its internals change, the answer is ``False``, so a fleet
+    is never stopped by a driver that cannot tell it started the Ray under it.
+    """
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(getattr(node, "head", False))
 
 
 def spec_record(spec: AgentSpec) -> SpecRecord:
