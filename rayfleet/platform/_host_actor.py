@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import ray
 
 from ..checkpoints._store import SnapshotStore
-from ..errors import InvalidSpecError, RayfleetError
+from ..errors import FleetUnavailableError, InvalidSpecError, RayfleetError
 from ..host._events import EventSubscription
 from ..host._messages import Envelope
 from ..host._runtime import (
@@ -23,7 +24,9 @@ from ..host._runtime import (
     holder_host,
 )
 from ..identity._values import IdentityEvent
+from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
+from ..retry import RetryPolicy
 from ._ledger_client import connect_ledger
 from ._routing import (
     ERROR,
@@ -38,6 +41,8 @@ from ._routing import (
 log = logging.getLogger("rayfleet.host")
 
 SUBSCRIPTION_IDLE_TIMEOUT = 60.0
+START_RETRY = RetryPolicy(max_attempts=1, base_delay=0.1, max_delay=2.0, jitter=0.0)
+"""After a failed start, the wait before a request may try again (doubling per failure, capped)."""
 
 
 class _HostRouter:
@@ -80,37 +85,87 @@ class AgentHost:
         self._idle_timeout = idle_timeout
         self.runtime: HostRuntime
         self.courier: Courier
-        self._started: asyncio.Future[None] | None = None
+        self._running = False
+        self._starting: asyncio.Task[None] | None = None
+        self._start_failure: Exception | None = None
+        self._start_failures = 0
+        self._retry_start_at = 0.0
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
 
     async def start(self) -> str:
-        """Connect to the ledger, start the runtime and register; returns the lease holder id."""
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_future()
-            try:
-                ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
-                self.courier = Courier(HostDirectory(self.namespace), ledger)
-                self.runtime = HostRuntime(
-                    name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
-                    lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
-                )
-                await self.runtime.start()
-                await ledger.register_host(name=self.name, holder=self.runtime.holder)
-                await self.courier.refresh_async()
-                self._started.set_result(None)
-            except BaseException as error:
-                self._started.set_exception(error)
-                raise
-        await self._started
+        """Connect to the ledger, start the runtime and register; returns the lease holder id.
+
+        Concurrent calls share one attempt. A failed start is not the host's fate: what
+        the attempt started is stopped again, and a later call tries anew, though no
+        sooner than :data:`START_RETRY` allows after the last failure (until then a
+        call fails at once with that failure's error).
+
+        Raises:
+            FleetUnavailableError, LedgerUnavailableError, or whatever else the attempt
+            raised (e.g. the fleet's ledger actor does not exist yet).
+        """
+        if self._running:
+            return self.runtime.holder
+        if self._starting is None:
+            if self._start_failure is not None and time.monotonic() < self._retry_start_at:
+                raise self._start_failure
+            self._starting = asyncio.get_running_loop().create_task(self._start_once())
+        starting = self._starting
+        try:
+            # Shielded: a caller that gives up does not cancel the attempt others wait on.
+            await asyncio.shield(starting)
+        finally:
+            if starting.done() and self._starting is starting:
+                self._starting = None
         return self.runtime.holder
 
-    async def _serve(self, work: Awaitable[Any]) -> tuple[str, Any]:
-        if self._started is None:
-            await self.start()
-        else:
-            await self._started
+    async def _start_once(self) -> None:
         try:
-            return OK, await work
+            ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
+            courier = Courier(HostDirectory(self.namespace), ledger)
+            self.courier = courier  # the runtime's router sends through it
+            runtime = HostRuntime(
+                name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
+                lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
+            )
+            try:
+                await runtime.start()
+                await ledger.register_host(name=self.name, holder=runtime.holder)
+                await courier.refresh_async()
+            except BaseException:
+                # Nothing of a failed attempt keeps running (renewal loop, committer, pool).
+                with contextlib.suppress(Exception):
+                    await runtime.shutdown(checkpoint=False)
+                if isinstance(ledger, LocalLedgerClient):
+                    ledger.close()
+                raise
+        except Exception as error:
+            self._start_failures += 1
+            self._start_failure = error
+            self._retry_start_at = time.monotonic() + START_RETRY.delay_for(self._start_failures - 1)
+            log.warning("%s could not start (attempt %d; a later request tries again): %s",
+                        self.name, self._start_failures, error)
+            raise
+        self.runtime = runtime
+        self._running = True
+        self._start_failure = None
+        self._start_failures = 0
+
+    async def _serve(self, work: Callable[[], Awaitable[Any]]) -> tuple[str, Any]:
+        """Start if needed, then run ``work()`` and answer ``(kind, payload)``.
+
+        While the host cannot start, the answer is a retryable ``FleetUnavailableError``
+        naming the cause; ``work`` is made only once the runtime exists.
+        """
+        try:
+            await self.start()
+        except Exception as error:  # noqa: BLE001 - answered as a typed error; a later request starts again
+            return ERROR, FleetUnavailableError(
+                detail=f"host {self.name} could not start ({type(error).__name__}: {error}); it tries again on "
+                f"the next request, so retry shortly"
+            )
+        try:
+            return OK, await work()
         except OwnedElsewhere as signal:
             return REDIRECT, holder_host(signal.holder)
         except HostDraining:
@@ -135,7 +190,7 @@ class AgentHost:
         async def turn() -> Any:
             return (await self.runtime.deliver_envelope(envelope)).value
 
-        return await self._serve(turn())
+        return await self._serve(turn)
 
     async def dispatch(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         """Like :meth:`deliver`, but the reply carries the turn's usage: ``(value, Usage)``."""
@@ -146,7 +201,7 @@ class AgentHost:
             result = await self.runtime.deliver_envelope(envelope)
             return result.value, result.usage
 
-        return await self._serve(turn())
+        return await self._serve(turn)
 
     async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere).
@@ -164,37 +219,37 @@ class AgentHost:
         return OK, None
 
     async def activate(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.activate(identity))
+        return await self._serve(lambda: self.runtime.activate(identity))
 
     # -- lifecycle operations: each is fenced by the runtime before it has any effect
 
     async def retire(self, identity: str) -> tuple[str, Any]:
         """Reply: the fencing token the retirement was written with."""
-        return await self._serve(self.runtime.retire(identity))
+        return await self._serve(lambda: self.runtime.retire(identity))
 
     async def respawn(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.respawn(identity))
+        return await self._serve(lambda: self.runtime.respawn(identity))
 
     async def reset(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.reset(identity))
+        return await self._serve(lambda: self.runtime.reset(identity))
 
     async def delete(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.delete(identity))
+        return await self._serve(lambda: self.runtime.delete(identity))
 
     async def deactivate(self, identity: str) -> tuple[str, Any]:
         """Reply: whether the agent was active."""
-        return await self._serve(self.runtime.deactivate(identity))
+        return await self._serve(lambda: self.runtime.deactivate(identity))
 
     async def pause(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.pause(identity))
+        return await self._serve(lambda: self.runtime.pause(identity))
 
     async def resume(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were replayed."""
-        return await self._serve(self.runtime.resume(identity))
+        return await self._serve(lambda: self.runtime.resume(identity))
 
     async def cancel_parked(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were dead-lettered."""
-        return await self._serve(self.runtime.cancel_parked(identity))
+        return await self._serve(lambda: self.runtime.cancel_parked(identity))
 
     async def drain(self, timeout: float) -> int:
         """Stop new activations, then checkpoint and release every agent within ``timeout`` seconds."""
