@@ -20,7 +20,6 @@ import ray
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
-    DeadlineExceededError,
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
@@ -70,6 +69,8 @@ DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
 HOST_NAME_PREFIX = "rayfleet-host-"
 SPAWN_BATCH = 5_000
+REPLAY_LETTER_SCAN = 1_000_000
+"""Dead letters of one identity read to find a replay's new letter (replays are rare, operator-driven)."""
 """Specs per ledger transaction in ``spawn_many``."""
 
 
@@ -493,25 +494,41 @@ class Fleet:
     def replay_dead_letter(self, letter_id: int, *, timeout: float | None = None) -> Any:
         """Send a dead letter's original message again and return the reply.
 
-        The letter is removed once the message has been delivered, whatever the
-        outcome: if it fails again, the host records a new dead letter for it.
+        The message goes out as it was sent (same id, arguments and idempotency key, so
+        a keyed effect that did happen is not repeated) but without its deadline:
+        replaying is the decision to run it now, and the old deadline would only
+        expire it again. The letter is removed when the replay was handled, or when it
+        failed and the host recorded a new dead letter for it (so exactly one letter
+        remains). When the replay was refused before any handling (the identity is
+        retired, the handler is gone, the lease moved, ...) or its outcome is unknown
+        (no reply within ``timeout``), the letter stays, and the error is raised.
 
         Raises:
             UnknownDeadLetterError: no dead letter has ``letter_id`` (perhaps already replayed).
+            DeadlineExceededError: no reply within ``timeout`` (the letter stays; the
+                message may still run, and if it fails it is dead-lettered again).
+            InvalidStateError, UnknownHandlerError, NotAddressableError, LeaseLostError,
+            FleetUnavailableError, HandlerError, ...: the replay's own failure.
         """
         letter = self._ledger.dead_letter(letter_id).result()
         if letter is None:
             raise UnknownDeadLetterError(letter_id=letter_id)
-        envelope: Envelope = cloudpickle.loads(letter.envelope)
+        envelope: Envelope = dataclasses.replace(cloudpickle.loads(letter.envelope), deadline=None)
         try:
             reply = send(self._courier, envelope, timeout=timeout)
-        except (FleetUnavailableError, DeadlineExceededError):
-            raise  # perhaps never delivered: the letter stays
         except RayfleetError:
-            self._ledger.purge_dead_letters(ids=[letter_id]).result()
+            if self._dead_lettered_since(letter.identity, envelope.message_id, letter_id):
+                self._ledger.purge_dead_letters(ids=[letter_id]).result()
             raise
         self._ledger.purge_dead_letters(ids=[letter_id]).result()
         return reply
+
+    def _dead_lettered_since(self, identity: str, message_id: str, letter_id: int) -> bool:
+        """Whether the message has a dead letter newer than ``letter_id`` (its replay failed and was recorded)."""
+        # The ledger is asked rather than the error's type trusted: a host whose own
+        # dead-letter write failed raises the same error without leaving a letter.
+        letters = self._ledger.dead_letters(identity=identity, limit=REPLAY_LETTER_SCAN).result()
+        return any(item.id > letter_id and item.message_id == message_id for item in letters)
 
     def purge_dead_letters(
         self, identity: str | None = None, *, ids: list[int] | None = None, before: float | None = None

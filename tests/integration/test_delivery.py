@@ -343,6 +343,52 @@ def test_replay_dead_letter_and_purge_with_filters(fleet: rf.Fleet, tmp_path: Pa
     assert fleet.dead_letters() == []
 
 
+def test_replay_that_is_not_handled_keeps_the_letter(fleet: rf.Fleet, tmp_path: Path) -> None:
+    identity = "replay/kept"
+    ref = spawn(fleet, identity)
+    flag = tmp_path / "outage.flag"
+    flag.write_text("down")
+    with pytest.raises(rf.HandlerError):
+        ref.call("add_unless_flag", n=5, flag=str(flag))
+    [letter] = letters_of(fleet, identity)
+    flag.unlink()
+    # A retired identity refuses the replay without dead-lettering it again: the letter
+    # is the only copy of the message left, so it must stay.
+    fleet.retire(identity)
+    with pytest.raises(rf.InvalidStateError):
+        fleet.replay_dead_letter(letter.id, timeout=60)
+    assert [kept.id for kept in letters_of(fleet, identity)] == [letter.id]
+    fleet.respawn(identity)
+    assert fleet.replay_dead_letter(letter.id, timeout=60) == 5
+    assert letters_of(fleet, identity) == []
+
+
+def test_replay_that_fails_again_leaves_only_the_new_letter(fleet: rf.Fleet) -> None:
+    identity = "replay/again"
+    ref = spawn(fleet, identity)
+    with pytest.raises(rf.HandlerError):
+        ref.call("poison", payload="p")
+    [first] = letters_of(fleet, identity)
+    with pytest.raises(rf.HandlerError):
+        fleet.replay_dead_letter(first.id, timeout=60)
+    [second] = letters_of(fleet, identity)
+    assert second.id != first.id and second.reason is rf.DeadLetterReason.REJECTED
+    assert second.envelope.kwargs == {"payload": "p"}
+
+
+def test_replayed_deadline_letter_runs_instead_of_expiring_again(fleet: rf.Fleet) -> None:
+    identity = "replay/late"
+    ref = spawn(fleet, identity)
+    with pytest.raises(rf.DeadlineExceededError):
+        ref.call("add", n=3, deadline=time.time() - 1)
+    [letter] = letters_of(fleet, identity)
+    assert letter.reason is rf.DeadLetterReason.DEADLINE_EXCEEDED
+    # Replaying is the operator's decision to run it now: the old deadline no longer applies.
+    assert fleet.replay_dead_letter(letter.id, timeout=60) == 3
+    assert letters_of(fleet, identity) == []
+    assert ref.call("get")["total"] == 3
+
+
 # -- 8. pause, park 100, failover, resume ------------------------------------------------
 
 
