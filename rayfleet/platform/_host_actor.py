@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -13,7 +14,7 @@ from typing import Any
 import ray
 
 from ..checkpoints._store import SnapshotStore
-from ..errors import FleetUnavailableError, InvalidSpecError, RayfleetError
+from ..errors import DeadlineExceededError, FleetUnavailableError, InvalidSpecError, PeerCycleError, RayfleetError
 from ..host._events import EventSubscription
 from ..host._messages import Envelope
 from ..host._runtime import (
@@ -45,8 +46,31 @@ START_RETRY = RetryPolicy(max_attempts=1, base_delay=0.1, max_delay=2.0, jitter=
 """After a failed start, the wait before a request may try again (doubling per failure, capped)."""
 
 
+PEER_SEND_TIMEOUT = 300.0
+"""Seconds a peer send waits for its reply when the calling turn has no deadline of its own."""
+
+_CURRENT_TURN: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar("rayfleet_current_turn", default=None)
+"""The message whose turn runs in this task: a handler's peer sends extend its chain and keep its deadline."""
+
+
+async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> Any:
+    """Deliver ``envelope`` here with it marked as this task's current turn (for the handler's sends)."""
+    token = _CURRENT_TURN.set(envelope)
+    try:
+        return await runtime.deliver_envelope(envelope)
+    finally:
+        _CURRENT_TURN.reset(token)
+
+
 class _HostRouter:
-    """How agents on this host reach other agents: locally when possible, else via Ray."""
+    """How agents on this host reach other agents: locally when possible, else via Ray.
+
+    A send carries the chain of agents whose turns wait on it. One whose target is in
+    that chain is refused with ``PeerCycleError`` before it is sent, since it could
+    never be answered. A send waits at most until the calling turn's deadline (which
+    the message carries on, so the target drops it if it comes too late), or
+    :data:`PEER_SEND_TIMEOUT` without one, then raises ``DeadlineExceededError``.
+    """
 
     def __init__(self, host: AgentHost) -> None:
         self._host = host
@@ -58,11 +82,28 @@ class _HostRouter:
                 f"Call the method directly on self instead",
                 field="target",
             )
-        envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender)
+        calling = _CURRENT_TURN.get()
+        if calling is not None and calling.target != sender:
+            calling = None  # not this sender's turn (e.g. a task the handler started): no chain known
+        chain = (*(calling.chain if calling else ()), sender)
+        if target in chain:
+            raise PeerCycleError(cycle=(*chain[chain.index(target):], target), method=method)
+        deadline = calling.deadline if calling else None
+        timeout = PEER_SEND_TIMEOUT if deadline is None else min(deadline - time.time(), PEER_SEND_TIMEOUT)
+        if timeout <= 0:
+            raise DeadlineExceededError(identity=target, method=method, timeout=0.0)
+        envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender, deadline=deadline,
+                            chain=chain)
+        try:
+            return await asyncio.wait_for(self._send(envelope), timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
+
+    async def _send(self, envelope: Envelope) -> Any:
         runtime = self._host.runtime
-        if runtime.is_active(target):
-            return (await runtime.deliver_envelope(envelope)).value
-        return await self._host.courier.route_async(target, deliver_request(envelope), method=method)
+        if runtime.is_active(envelope.target):
+            return (await _deliver_as_turn(runtime, envelope)).value
+        return await self._host.courier.route_async(envelope.target, deliver_request(envelope), method=envelope.method)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -188,7 +229,7 @@ class AgentHost:
             )
 
         async def turn() -> Any:
-            return (await self.runtime.deliver_envelope(envelope)).value
+            return (await _deliver_as_turn(self.runtime, envelope)).value
 
         return await self._serve(turn)
 
@@ -198,7 +239,7 @@ class AgentHost:
             return await self.deliver(identity, envelope)
 
         async def turn() -> Any:
-            result = await self.runtime.deliver_envelope(envelope)
+            result = await _deliver_as_turn(self.runtime, envelope)
             return result.value, result.usage
 
         return await self._serve(turn)
