@@ -5,18 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import cloudpickle
 import ray
 
 from ..checkpoints._store import SnapshotStore
-from ..errors import DeadlineExceededError, FleetUnavailableError, InvalidSpecError, PeerCycleError, RayfleetError
+from ..errors import (
+    DeadlineExceededError,
+    FleetUnavailableError,
+    HandlerError,
+    InvalidArgumentsError,
+    InvalidSpecError,
+    LeaseLostError,
+    LedgerError,
+    PeerCycleError,
+    RayfleetError,
+    StaleFencingTokenError,
+    UnknownHandlerError,
+    is_retryable,
+)
 from ..host._events import EventSubscription
-from ..host._messages import Envelope
+from ..host._messages import DeadLetterReason, Envelope
 from ..host._runtime import (
     HostDraining,
     HostRuntime,
@@ -42,6 +57,9 @@ from ._routing import (
 log = logging.getLogger("rayfleet.host")
 
 SUBSCRIPTION_IDLE_TIMEOUT = 60.0
+TELL_KEY_PREFIX = "tell:"
+TELL_SWEEP_BATCH = 100
+"""Held tells one sweep claims; a sweep runs every third of the redelivery age (the lease TTL)."""
 START_RETRY = RetryPolicy(max_attempts=1, base_delay=0.1, max_delay=2.0, jitter=0.0)
 """After a failed start, the wait before a request may try again (doubling per failure, capped)."""
 
@@ -51,6 +69,25 @@ PEER_SEND_TIMEOUT = 300.0
 
 _CURRENT_TURN: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar("rayfleet_current_turn", default=None)
 """The message whose turn runs in this task: a handler's peer sends extend its chain and keep its deadline."""
+
+
+def _tell_outcome(error: BaseException) -> DeadLetterReason | None:
+    """How a failed tell delivery ends: the dead-letter reason if it was handled for good, ``None`` if not.
+
+    Not handled (the tell stays held): anything that may pass on another try, such as a
+    dead host, a moved lease, an unreachable ledger or fleet, or an error that is not rayfleet's.
+    """
+    if isinstance(error, HandlerError):
+        return DeadLetterReason.RETRIES_EXHAUSTED if error.raised_retryable else DeadLetterReason.REJECTED
+    if isinstance(error, (InvalidArgumentsError, UnknownHandlerError)):
+        return DeadLetterReason.DECODE_FAILED
+    if isinstance(error, DeadlineExceededError):
+        return DeadLetterReason.DEADLINE_EXCEEDED  # a tell has no timeout: only the host's deadline gate says this
+    if isinstance(error, StaleFencingTokenError):
+        return DeadLetterReason.STALE_FENCE
+    if not isinstance(error, RayfleetError) or isinstance(error, (LeaseLostError, FleetUnavailableError, LedgerError)):
+        return None
+    return None if is_retryable(error) else DeadLetterReason.REJECTED
 
 
 async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> Any:
@@ -131,6 +168,10 @@ class AgentHost:
         self._start_failure: Exception | None = None
         self._start_failures = 0
         self._retry_start_at = 0.0
+        self._tell_redelivery_after = lease_ttl
+        self._forwarding: set[str] = set()
+        self._tell_tasks: set[asyncio.Task[None]] = set()
+        self._tell_sweeper: asyncio.Task[None] | None = None
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
 
     async def start(self) -> str:
@@ -189,8 +230,15 @@ class AgentHost:
             raise
         self.runtime = runtime
         self._running = True
+        self._tell_sweeper = asyncio.get_running_loop().create_task(self._sweep_tells(), name=f"{self.name}-tells")
         self._start_failure = None
         self._start_failures = 0
+
+    def _start_error(self, error: Exception) -> FleetUnavailableError:
+        return FleetUnavailableError(
+            detail=f"host {self.name} could not start ({type(error).__name__}: {error}); it tries again on "
+            f"the next request, so retry shortly"
+        )
 
     async def _serve(self, work: Callable[[], Awaitable[Any]]) -> tuple[str, Any]:
         """Start if needed, then run ``work()`` and answer ``(kind, payload)``.
@@ -201,10 +249,7 @@ class AgentHost:
         try:
             await self.start()
         except Exception as error:  # noqa: BLE001 - answered as a typed error; a later request starts again
-            return ERROR, FleetUnavailableError(
-                detail=f"host {self.name} could not start ({type(error).__name__}: {error}); it tries again on "
-                f"the next request, so retry shortly"
-            )
+            return ERROR, self._start_error(error)
         try:
             return OK, await work()
         except OwnedElsewhere as signal:
@@ -245,19 +290,76 @@ class AgentHost:
         return await self._serve(turn)
 
     async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
-        """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere).
+        """Fire-and-forget: hold the message durably, answer, then deliver it in the background.
 
-        Failures are dead-lettered by the host that runs the turn, so nothing is lost silently.
+        The sender's answer comes only once the ledger holds the message; if it cannot,
+        the answer is that error and nothing was accepted. The held message is forgotten
+        only when its turn was handled: committed, or dead-lettered (a letter is made
+        sure of in the same ledger transaction). A refusal that will never pass (retired
+        identity, unknown handler, ...) is dead-lettered too, since nobody waits to hear
+        it. A delivery that ends any other way (this host dies, the lease moves, the
+        ledger is unreachable, the dead letter cannot be written) leaves the message
+        held, and a host's sweep delivers it again once nobody has attempted it for one
+        lease TTL. The message carries an idempotency key (its own, else
+        ``tell:<message id>``), so a second delivery of a handled tell has no second effect.
         """
-
-        async def forward() -> None:
-            try:
-                await self.courier.route_async(identity, deliver_request(envelope), method=envelope.method)
-            except Exception as error:  # noqa: BLE001 - nobody waits for a tell; the owner dead-letters real failures
-                log.warning("tell %s.%s failed: %s", identity, envelope.method, error)
-
-        asyncio.get_running_loop().create_task(forward())
+        if not isinstance(envelope, Envelope) or envelope.target != identity:
+            return await self.deliver(identity, envelope)
+        try:
+            await self.start()
+        except Exception as error:  # noqa: BLE001 - the same typed answer as every other request
+            return ERROR, self._start_error(error)
+        if envelope.idempotency_key is None:
+            envelope = dataclasses.replace(envelope, idempotency_key=f"{TELL_KEY_PREFIX}{envelope.message_id}")
+        try:
+            await self.courier.ledger.hold_tell(identity=identity, message_id=envelope.message_id,
+                                                envelope=cloudpickle.dumps(envelope))
+        except RayfleetError as error:
+            return ERROR, error
+        except Exception as error:  # noqa: BLE001 - e.g. the ledger actor restarting: not accepted, say so
+            return ERROR, FleetUnavailableError(detail=f"the ledger could not hold the tell ({error}); send it again")
+        self._forward_tell(envelope)
         return OK, None
+
+    def _forward_tell(self, envelope: Envelope) -> None:
+        if envelope.message_id in self._forwarding:
+            return  # already on its way from this host
+        self._forwarding.add(envelope.message_id)
+        task = asyncio.get_running_loop().create_task(self._deliver_tell(envelope))
+        self._tell_tasks.add(task)
+        task.add_done_callback(self._tell_tasks.discard)
+
+    async def _deliver_tell(self, envelope: Envelope) -> None:
+        """Deliver one held tell to its owner and settle it if handled; otherwise it stays held."""
+        identity, method = envelope.target, envelope.method
+        try:
+            try:
+                await self.courier.route_async(identity, deliver_request(envelope), method=method)
+                reason, text = None, ""
+            except Exception as error:  # noqa: BLE001 - sorted below: handled (settle) or not (stay held)
+                reason, text = _tell_outcome(error), str(error)
+                if reason is None:
+                    log.warning("tell %s.%s not delivered yet (held for redelivery): %s", identity, method, error)
+                    return
+            await self.courier.ledger.settle_tell(identity=identity, message_id=envelope.message_id,
+                                                  reason=None if reason is None else reason.value, error=text)
+        except Exception as error:  # noqa: BLE001 - the tell stays held; the sweep delivers it again
+            log.warning("tell %s.%s could not be settled (held for redelivery): %s", identity, method, error)
+        finally:
+            self._forwarding.discard(envelope.message_id)
+
+    async def _sweep_tells(self) -> None:
+        """Deliver held tells nobody has attempted for a while (their accepting host died, say)."""
+        while True:
+            await asyncio.sleep(self._tell_redelivery_after / 3)
+            try:
+                claimed = await self.courier.ledger.claim_tells(min_age=self._tell_redelivery_after,
+                                                                limit=TELL_SWEEP_BATCH)
+            except Exception as error:  # noqa: BLE001 - try again next round
+                log.warning("%s could not read held tells: %s", self.name, error)
+                continue
+            for stored in claimed:
+                self._forward_tell(cloudpickle.loads(stored.envelope))
 
     async def activate(self, identity: str) -> tuple[str, Any]:
         return await self._serve(lambda: self.runtime.activate(identity))

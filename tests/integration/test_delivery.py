@@ -79,6 +79,14 @@ class Account(rf.Agent):
         raise KeyError(f"cannot handle {payload}")
 
     @rf.handler
+    async def hold(self, started: str, release: str) -> str:
+        """Holds the turn until the file ``release`` exists; writes ``started`` first."""
+        Path(started).write_text("holding")
+        while not Path(release).exists():
+            await asyncio.sleep(0.05)
+        return "released"
+
+    @rf.handler
     def touch(self, path: str) -> str:
         Path(path).write_text("ran")
         self.state.total += 1
@@ -415,6 +423,29 @@ def test_parked_messages_survive_host_kill_and_replay_in_order(fleet: rf.Fleet) 
     assert fleet.parked(identity) == []
     assert ref.call("get", timeout=60)["seqs"] == list(range(100))
     assert ref.call("record", seq=100, timeout=60) == 101  # new work flows again
+    assert letters_of(fleet, identity) == []
+
+
+@pytest.mark.timeout(180)
+def test_tell_accepted_by_a_host_killed_before_running_it_is_delivered_once(make_fleet: Any, tmp_path: Path) -> None:
+    fleet: rf.Fleet = make_fleet(lease_ttl=4.0)
+    identity = "tell/durable"
+    ref = spawn(fleet, identity)
+    started, release = tmp_path / "started", tmp_path / "release"
+    with ThreadPoolExecutor(1) as pool:
+        # The agent's turn is held, so the tell its host accepts waits behind it.
+        holding = pool.submit(ref.call, "hold", started=str(started), release=str(release), timeout=120)
+        eventually(started.exists, "the holding turn to start")
+        owner = fleet.status(identity).host
+        ref.tell("add", n=7, note="told")
+        killed = kill_owner(fleet, identity)
+        assert killed == owner
+        release.write_text("go")
+        assert holding.result() == "released"  # re-routed to the surviving host
+    # Another host delivers the held tell once the dead one can no longer be expected to.
+    eventually(lambda: ref.call("get", timeout=60)["total"] == 7, "the told add to run", timeout=90)
+    state = ref.call("get", timeout=60)
+    assert state["total"] == 7 and state["notes"] == ["told"]
     assert letters_of(fleet, identity) == []
 
 
