@@ -9,6 +9,8 @@ live in files under the test's tmp dir (hosts are separate processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 import ray
 from ray_helpers import kill_actor
@@ -447,6 +450,56 @@ def test_tell_accepted_by_a_host_killed_before_running_it_is_delivered_once(make
     state = ref.call("get", timeout=60)
     assert state["total"] == 7 and state["notes"] == ["told"]
     assert letters_of(fleet, identity) == []
+
+
+REFUSE_LETTERS = {
+    "sqlite": ["CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters "
+               "BEGIN SELECT RAISE(ABORT, 'dead letters refused by the test'); END"],
+    "postgresql": ["CREATE FUNCTION refuse_letters() RETURNS trigger LANGUAGE plpgsql AS "
+                   "$$ BEGIN RAISE EXCEPTION 'dead letters refused by the test'; END $$",
+                   "CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters "
+                   "FOR EACH ROW EXECUTE FUNCTION refuse_letters()"],
+}
+ALLOW_LETTERS = {"sqlite": ["DROP TRIGGER refuse_letters"],
+                 "postgresql": ["DROP TRIGGER refuse_letters ON dead_letters"]}
+
+
+def ledger_sql(fleet: rf.Fleet, statements: list[str]) -> None:
+    """Run SQL on the fleet's ledger database itself, as an operator (or a failing disk) would act on it."""
+    location = fleet.ledger_location
+    if location.kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(location.path, timeout=30)) as db:
+            for statement in statements:
+                db.execute(statement)
+            db.commit()
+    else:
+        with psycopg.connect(location.url, autocommit=True) as db:
+            for statement in statements:
+                db.execute(statement)  # type: ignore[call-overload]
+
+
+def dead_letter_attempts(fleet: rf.Fleet) -> int:
+    """Dead letters the hosts tried to record, written or not."""
+    return sum(host.dead_letters for host in fleet.host_statistics())
+
+
+@pytest.mark.timeout(240)
+def test_tell_whose_dead_letter_cannot_be_written_stays_held_until_it_can(make_any_fleet: Any,
+                                                                         ledger_kind: str) -> None:
+    fleet: rf.Fleet = make_any_fleet(lease_ttl=4.0)
+    identity = "tell/poison"
+    ref = spawn(fleet, identity)
+    assert ref.call("add", n=1, timeout=60) == 1
+    ledger_sql(fleet, REFUSE_LETTERS[ledger_kind])
+    ref.tell("poison", payload="p1")
+    # The handler fails and its dead letter cannot be written. The tell must not be
+    # forgotten: a second attempt (a redelivery from the ledger) proves it is still held.
+    eventually(lambda: dead_letter_attempts(fleet) >= 2, "the tell to be delivered again", timeout=90)
+    assert letters_of(fleet, identity) == []
+    ledger_sql(fleet, ALLOW_LETTERS[ledger_kind])
+    [letter] = eventually(lambda: letters_of(fleet, identity), "the tell's dead letter", timeout=90)
+    assert letter.envelope.kwargs == {"payload": "p1"} and letter.reason is rf.DeadLetterReason.REJECTED
+    assert ref.call("add", n=1, timeout=60) == 2  # the agent serves throughout
 
 
 # -- 9. calls to a paused agent; cancelling parked work ------------------------------------
