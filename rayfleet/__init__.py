@@ -50,6 +50,7 @@ from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
 from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
+from .host._runtime import DrainReport as DrainReport
 from .host._runtime import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
 from .identity._agent import AgentSpec as AgentSpec
@@ -102,6 +103,7 @@ __all__ = [
     "Fleet",
     "FleetConfig",
     "HostInfo",
+    "DrainReport",
     "HostStatistics",
     "RunsClient",
     "TopologyClient",

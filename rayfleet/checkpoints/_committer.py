@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pydantic
 
-from ..errors import RayfleetError
+from ..errors import LedgerUnavailableError, RayfleetError
 from ..identity._values import SnapshotPointer
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import CheckpointCommit
@@ -35,10 +35,19 @@ class _Pending:
 class GroupCommitter:
     """Writes and commits checkpoints in batches; one instance per host.
 
-    ``commit`` resolves once the pointer is durable in the ledger, or raises the
-    ledger's refusal (``StaleFencingTokenError``, ``StaleCheckpointVersionError``)
-    or the storage error. Files are written before pointers move, so a committed
-    pointer never names a file that is not there.
+    ``commit`` resolves once the pointer is durable in the ledger, or raises:
+
+    * the ledger's refusal (``StaleFencingTokenError``, ``StaleCheckpointVersionError``,
+      ...): nothing was committed;
+    * the storage error: the file was not written, and the ledger was not called;
+    * ``LedgerUnavailableError``: as the ledger raised it (its ``committed_unknown``
+      says whether the write may have happened), or with ``committed_unknown`` for
+      any other failure of the ledger call (a lost reply, a ledger actor that died
+      or restarted mid-call), since the write may have happened before the reply
+      was lost.
+
+    Files are written before pointers move, so a committed pointer never names a
+    file that is not there.
     """
 
     def __init__(self, *, writer: str, ledger: LedgerClient, snapshots: SnapshotStore) -> None:
@@ -111,10 +120,20 @@ class GroupCommitter:
             return
         try:
             outcomes = await self._ledger.commit_checkpoints(commits)
-        except Exception as error:  # noqa: BLE001 - a lost ledger reply fails the batch; each waiter gets it
+        except LedgerUnavailableError as error:
+            # The ledger says whether the write may have happened; each waiter gets its word.
             for item in written:
                 if not item.done.done():
                     item.done.set_exception(error)
+            return
+        except Exception as error:  # noqa: BLE001 - see the class docstring: the outcome is unknown
+            for item in written:
+                if not item.done.done():
+                    unknown = LedgerUnavailableError(
+                        location="the fleet ledger", detail=f"{type(error).__name__}: {error}", committed_unknown=True
+                    )
+                    unknown.__cause__ = error
+                    item.done.set_exception(unknown)
             return
         self.batches += 1
         for item, commit, outcome in zip(written, commits, outcomes, strict=True):

@@ -15,6 +15,8 @@ Every message meets the same gates, in this order:
 8. the handler, retried per the agent's ``RetryPolicy`` while it raises retryable
    errors; each failed attempt leaves State as it was before the attempt;
 9. the commit, at once for ``EVERY_TURN`` durability, later for the others;
+   under ``EVERY_TURN`` a key's reply is remembered only once its commit landed,
+   so a turn whose commit failed is never answered as a duplicate;
 10. the reply.
 
 A message refused for its arguments, a stale fence or a passed deadline, or whose
@@ -57,7 +59,6 @@ from ..errors import (
     LeaseLostError,
     NotAddressableError,
     RayfleetError,
-    StaleCheckpointVersionError,
     StaleFencingTokenError,
     UnknownHandlerError,
     is_retryable,
@@ -92,6 +93,38 @@ class DeliveryCounters:
     """Messages sent to the dead-letter log, counted even when recording one failed."""
     parked: int = 0
     """Messages parked because their agent was paused."""
+
+
+class _StoppedForLostLease(Exception):
+    """A handler was cancelled because its agent was dropped for a lost lease."""
+
+
+async def _run_stoppable(entry: HostedAgent, info: HandlerInfo, bound: dict[str, Any]) -> Any:
+    """Run one handler attempt so that losing the lease stops it at its next ``await``.
+
+    Handlers that can wait (coroutines, thread handlers) run as a task recorded on the
+    entry; the runtime cancels it when it drops the entry for a lost lease. A plain
+    function has no ``await`` to stop at, so it runs inline and the turn checks the
+    lease after it returns. A thread handler's thread cannot be interrupted: its result
+    is discarded with the dropped entry.
+
+    Raises:
+        _StoppedForLostLease: the handler was cancelled because the entry was dropped.
+    """
+    if not (info.is_coroutine or info.in_thread):
+        return await run_handler(info, entry.agent, bound)
+    task = asyncio.ensure_future(run_handler(info, entry.agent, bound))
+    entry.handler_task = task
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        entry.handler_task = None
+    if task.cancelled() and entry.dropped:
+        raise _StoppedForLostLease
+    return task.result()
 
 
 class Delivery:
@@ -224,12 +257,21 @@ class Delivery:
         await self._check_deadline(envelope)
         await self._activations.ensure_healthy_lease(entry)
         value, usage = await self._run_with_retries(entry, envelope, info, bound)
+        if entry.dropped:
+            # The lease went while the handler ran: its State is not this host's to reply with.
+            raise LeaseLostError(identity=envelope.target, detail="the lease was lost during the turn; retry the call")
+        every_turn = entry.spec.durability is Durability.EVERY_TURN
         if key is not None:
             reply = cloudpickle.dumps((value, usage))
-            entry.dedup.insert(key, reply)
             entry.pending_dedup.append((key, reply))
             entry.dirty = True
-        if entry.dirty and entry.spec.durability is Durability.EVERY_TURN:
+            if not every_turn:
+                # Answered before it is durable: the key is exactly as durable as the
+                # State it guards, and both are committed together later.
+                entry.dedup.insert(key, reply)
+        if entry.dirty and every_turn:
+            # The commit puts the key in the dedup window once it is durable; a failed
+            # commit leaves no remembered reply for a turn that never happened.
             await self._activations.commit(entry)
         return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
 
@@ -276,11 +318,24 @@ class Delivery:
         """
         policy = entry.spec.retry
         for attempt in range(policy.max_attempts):
+            if entry.dropped:
+                # The lease went during the wait before this retry: the new owner runs the message.
+                raise LeaseLostError(identity=envelope.target, detail="the lease was lost between attempts; retry")
             before = entry.agent.state.model_copy(deep=True)
             self.counters.turns += 1
             entry.last_used = self._clock()
             try:
-                outcome = await run_handler(info, entry.agent, bound)
+                outcome = await _run_stoppable(entry, info, bound)
+            except _StoppedForLostLease:
+                entry.agent.state = before
+                raise LeaseLostError(
+                    identity=envelope.target,
+                    detail="the lease was lost while the handler ran; it was stopped at its next await and its "
+                    "State discarded. Retry the call: the new owner runs it",
+                ) from None
+            except asyncio.CancelledError:
+                entry.agent.state = before
+                raise
             except Exception as error:  # noqa: BLE001 - user code may raise anything; it becomes a HandlerError
                 # A failed attempt leaves State as it was: the next one starts from the same place.
                 entry.agent.state = before
@@ -336,15 +391,25 @@ class Delivery:
         return self._entries.get(identity) or await self._activations.activate(identity)
 
     async def _park(self, entry: HostedAgent, envelope: Envelope) -> asyncio.Future[TurnResult]:
-        """Hold ``envelope`` durably (caller holds the turn lock); returns what its caller awaits."""
+        """Hold ``envelope`` durably (caller holds the turn lock); returns what its caller awaits.
+
+        Raises:
+            LeaseLostError: the park was refused; the entry is dropped and nothing is parked.
+        """
         waiter = self._parked_waiters.get(envelope.message_id)
+        created = waiter is None
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
             self._parked_waiters[envelope.message_id] = waiter
-        await self._ledger.park(
-            identity=envelope.target, fencing_token=entry.grant.fencing_token, message_id=envelope.message_id,
-            envelope=cloudpickle.dumps(envelope),
-        )
+        payload = cloudpickle.dumps(envelope)
+        try:
+            await self._activations.fenced_write(entry, "park", lambda token: self._ledger.park(
+                identity=envelope.target, fencing_token=token, message_id=envelope.message_id, envelope=payload,
+            ))
+        except BaseException:
+            if created:
+                self._parked_waiters.pop(envelope.message_id, None)
+            raise
         self.counters.parked += 1
         return waiter
 
@@ -352,38 +417,60 @@ class Delivery:
         """Park every later message of ``identity`` durably until :meth:`resume`.
 
         The pause flag is in the ledger, so it holds for the next owner too. A turn
-        already running finishes first. Returns ``True``.
+        already running finishes first. A pause that takes effect while a
+        :meth:`resume` runs wins: that resume stops and the agent stays paused.
+        Returns ``True``.
+
+        Raises:
+            LeaseLostError: the ledger refused the write; the entry is dropped.
         """
         entry = await self._entry(identity)
         async with entry.turn_lock:
-            await self._ledger.set_paused(identity=identity, fencing_token=entry.grant.fencing_token, paused=True)
+            await self._activations.fenced_write(entry, "pause", lambda token: self._ledger.set_paused(
+                identity=identity, fencing_token=token, paused=True
+            ))
             entry.paused = True
+            entry.pause_generation += 1
         self._activations.emit(identity, EventKind.PAUSED)
         return True
 
     async def resume(self, identity: str) -> int:
         """Replay parked messages oldest first through the same gates, then accept new work.
 
-        Messages that arrive during the replay are parked behind the older ones, so the
-        order holds. A replayed message whose handler fails is dead-lettered like any
-        other; it is never silently dropped. Returns how many messages were replayed.
+        Each batch of parked messages is read and replayed under the turn lock, and a
+        message can only park under that lock, so the final empty read and clearing
+        the pause flag happen with nothing able to park in between. Messages that
+        arrive during the replay wait for the lock, find the agent still paused, and
+        park behind the older ones, so the order holds. A replayed message whose
+        handler fails is dead-lettered like any other; it is never silently dropped.
+
+        A :meth:`pause` that takes effect while this resume runs wins: the resume
+        stops before its next batch, what is still parked stays parked, and the
+        agent stays paused (no ``RESUMED`` event). Returns how many messages were
+        replayed.
 
         Raises:
-            LeaseLostError: ownership was lost during the replay; the messages not yet
-                handled stay parked for the next owner, and the agent stays paused.
+            LeaseLostError: ownership was lost (or the agent taken out of service)
+                during the replay; the messages not yet handled stay parked for the
+                next owner, and the agent stays paused.
+            LedgerUnavailableError: a replayed turn's checkpoint did not land or its
+                outcome is unknown (a storage error is raised as it came); that
+                message stays parked, as above.
         """
         entry = await self._entry(identity)
+        generation = entry.pause_generation
         replayed = 0
         while True:
-            batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
             async with entry.turn_lock:
                 if entry.dropped:
                     raise LeaseLostError(identity=identity, detail="the agent was dropped while resuming")
+                if entry.pause_generation != generation:
+                    return replayed
+                batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
                 if not batch:
-                    # Nothing is parked and we hold the turn lock, so no message can park now.
-                    await self._ledger.set_paused(
-                        identity=identity, fencing_token=entry.grant.fencing_token, paused=False
-                    )
+                    await self._activations.fenced_write(entry, "resume", lambda token: self._ledger.set_paused(
+                        identity=identity, fencing_token=token, paused=False
+                    ))
                     entry.paused = False
                     break
                 for stored in batch:
@@ -402,12 +489,13 @@ class Delivery:
                     identity=envelope.target, method=envelope.method, available=type(entry.agent).handler_names()
                 )
             result = await self._turn(entry, envelope, info, info.bind(envelope.target, envelope.args, envelope.kwargs))
-        except (LeaseLostError, StaleCheckpointVersionError) as error:
-            # Ownership is gone: leave the message parked for the next owner.
-            if waiter is not None:
-                self._parked_waiters[envelope.message_id] = waiter
-            raise LeaseLostError(identity=envelope.target, detail=str(error)) from error
-        except RayfleetError as error:
+        except Exception as error:
+            if entry.dropped or not isinstance(error, RayfleetError):
+                # Out of service, or an outcome this turn cannot vouch for: the message
+                # stays parked for the next owner (or the next resume) and its caller waits.
+                if waiter is not None:
+                    self._parked_waiters[envelope.message_id] = waiter
+                raise
             if isinstance(error, (UnknownHandlerError, InvalidArgumentsError)):
                 await self._dead_letter(envelope, DeadLetterReason.DECODE_FAILED, error.message, attempts=0)
             if waiter is not None and not waiter.done():
@@ -416,18 +504,25 @@ class Delivery:
             if waiter is not None and not waiter.done():
                 waiter.set_result(result)
         # Handled (or dead-lettered): only now is the parked copy forgotten.
-        await self._ledger.unpark(identity=envelope.target, fencing_token=entry.grant.fencing_token, seq=seq)
+        await self._activations.fenced_write(entry, "unpark", lambda token: self._ledger.unpark(
+            identity=envelope.target, fencing_token=token, seq=seq
+        ))
 
     async def cancel_parked(self, identity: str) -> int:
         """Move every parked message of ``identity`` to the dead letters (reason ``CANCELLED``).
 
         Callers still waiting on this host get ``InvalidStateError``. The agent stays
         paused. Returns how many messages were cancelled.
+
+        Raises:
+            LeaseLostError: the ledger refused the write; the entry is dropped.
         """
         entry = await self._entry(identity)
         async with entry.turn_lock:
             parked = await self._ledger.parked(identity, limit=1_000_000)
-            count = await self._ledger.cancel_parked(identity=identity, fencing_token=entry.grant.fencing_token)
+            count = await self._activations.fenced_write(
+                entry, "cancel parked", lambda token: self._ledger.cancel_parked(identity=identity, fencing_token=token)
+            )
         for stored in parked:
             waiter = self._parked_waiters.pop(stored.message_id, None)
             if waiter is not None and not waiter.done():

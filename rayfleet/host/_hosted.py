@@ -60,9 +60,16 @@ class HostedAgent:
     last_commit: float = 0.0
     dropped: bool = False
     paused: bool = False
+    pause_generation: int = 0
+    """How many pauses took effect here; a resume stops when one took effect after it began."""
     dedup: DedupWindow = field(default_factory=DedupWindow)
     pending_dedup: list[tuple[str, bytes]] = field(default_factory=list)
-    """Keys remembered since the last commit; they are committed with the next checkpoint."""
+    """Keys of the turns since the last commit, with their replies; committed with the next checkpoint.
+
+    Under ``EVERY_TURN`` a key joins ``dedup`` only once that commit succeeded; under
+    the other durabilities it is in ``dedup`` at once, as unsaved as the State it guards."""
     fences: FenceMap = field(default_factory=FenceMap)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""
+    handler_task: asyncio.Future[Any] | None = None
+    """The handler attempt running now, when it can be stopped; cancelled when the entry is dropped."""

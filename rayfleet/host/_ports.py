@@ -9,12 +9,14 @@ those stays in one place and a test can drive delivery with a small fake.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ..identity._values import EventKind
     from ._hosted import HostedAgent
+
+T = TypeVar("T")
 
 
 class Router(Protocol):
@@ -54,7 +56,18 @@ class ActivationPort(Protocol):
     async def commit(self, entry: HostedAgent) -> int:
         """Checkpoint ``entry`` now (the caller holds its turn lock); returns the new version.
 
-        Raises ``LeaseLostError`` (and the entry is dropped) when the ledger refuses the write.
+        Raises ``LeaseLostError`` (and the entry is dropped) when the ledger refuses the
+        write, and ``LedgerUnavailableError`` or a storage error when it did not land;
+        the runtime then leaves the entry consistent with the last commit.
+        """
+        ...
+
+    async def fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
+        """Run ``write`` with ``entry``'s fencing token and return its result.
+
+        Raises ``LeaseLostError``, chained to the ledger's refusal, when the token is
+        refused; the entry is then dropped at once. ``what`` names the write in that
+        error. Anything else ``write`` raises passes through unchanged.
         """
         ...
 

@@ -8,12 +8,14 @@ which the runtime builds and delegates to; the runtime is its ``ActivationPort``
 
 What the runtime guarantees, and why:
 
-* Everything that changes a hosted agent's State or delivery bookkeeping (a turn,
-  a commit, pause and resume, deactivation, fencing for a lifecycle operation) runs
-  under that identity's turn lock, so a lifecycle operation never interleaves with
-  a turn and loses its effect or the turn's. Only the renewal loop (which replaces
-  the grant, or drops an entry whose lease is gone) and a peer refresh touch an
-  entry without the lock; a turn running then cannot commit under a lost lease.
+* A hosted agent's State and delivery bookkeeping (a turn, a commit, pause and
+  resume, parking, deactivation, fencing for a lifecycle operation) change under
+  that identity's turn lock, so a lifecycle operation never interleaves with a turn
+  and loses its effect or the turn's. Two things touch an entry without the lock:
+  ``renew_once`` (the renewal loop), which replaces its grant and lease date or
+  drops it when the lease is gone, and ``refresh_peers``, which replaces its peers.
+  A turn running when its entry is dropped cannot commit: the commit is fenced,
+  and a dropped entry commits nothing.
 * Activation either hosts the agent or releases the lease it acquired: every
   failure path (unloadable class, corrupt snapshot, failing ``on_activate``, a
   retired or broken identity) releases it, so a failed activation never leaves a
@@ -23,16 +25,42 @@ What the runtime guarantees, and why:
   ``InvalidStateError``. A snapshot that cannot be read marks only its own identity
   broken; the rest of the host keeps serving.
 * One renewal loop renews every lease of the host in one batched ledger call every
-  TTL/3, so a new lease needs no wake-up of its own. Each turn also checks its own
-  lease before it runs and renews on the spot when less than a fifth of the TTL is
-  left, so no turn starts on a lease that is nearly gone. An agent whose lease is
-  lost is dropped at once.
+  TTL/3, so a new lease needs no wake-up of its own. After a failed renewal it
+  retries sooner (within TTL/10), and no wait ends later than TTL/10 before the
+  earliest expiry of a lease held, so a short ledger outage does not let leases
+  lapse. Each turn also checks its own lease before it runs and renews on the spot
+  when less than a fifth of the TTL is left, so no turn starts on a lease that is
+  nearly gone. Leases are dated from when the renewal was sent. An agent whose
+  lease is lost is dropped at once, and so is one whose lease has expired by this
+  host's own clock (it was frozen, or could not reach the ledger), renewal or not.
+* A dropped agent never replies. A handler running when its agent is dropped is
+  cancelled at its next ``await`` (cooperative cancellation; a plain function runs
+  to its end, a thread handler's thread cannot be stopped), its State change is
+  discarded, and its caller gets ``LeaseLostError``; a retry reaches the new owner.
+* A drain moves every agent off the host within its deadline: agents are
+  checkpointed and released, and any still busy at the deadline are dropped
+  (handlers stopped) and their leases released, so their next owner starts from
+  the last committed State at once rather than one TTL later.
 * A lifecycle operation takes a new, larger fencing token before it has any effect,
   so every later write by an older owner is refused. Retire releases the token it
   took; delete removes the lease together with the identity.
-* The ledger refuses a write under a stale token with ``StaleFencingTokenError``,
-  never with a storage error. When a checkpoint is refused, the agent is dropped at
-  once and the caller gets ``LeaseLostError`` chained to the refusal.
+* The ledger refuses a write under a stale token with ``StaleFencingTokenError``
+  (``LeaseLostError`` for a token it never issued, ``UnknownIdentityError`` once the
+  identity is deleted), never with a storage error. Every fenced write of a hosted
+  agent (checkpoints, and delivery's park, unpark, pause, resume and cancel) goes
+  through one helper: a refusal drops the agent at once and the caller gets
+  ``LeaseLostError`` chained to the refusal, never the refusal itself.
+* A failed commit leaves nothing that looks acknowledged but is not durable. A
+  commit whose reply was lost has an unknown outcome, not a lost lease: the
+  ledger is read, and the commit counts as done if it landed under this owner's
+  token. Otherwise the agent is dropped and its lease released, so the next
+  message reloads the last committed State under a new token, and the caller gets
+  the retryable ``LedgerUnavailableError`` (``committed_unknown`` when the write
+  may have happened). Under ``EVERY_TURN`` an idempotency key is answered from
+  memory only once its turn is committed. Under ``PERIODIC`` and
+  ``ON_DEACTIVATE`` the reply comes before the commit, so the key is as durable as
+  the State it guards: after a commit that did not land, both stay unsaved and
+  go out with the next commit.
 * Respawn keeps the generation and the last committed State; reset starts a new
   generation and session with fresh State. There is no session bridge and there
   are no external bindings, so nothing is rebound and only the ledger's own
@@ -57,9 +85,9 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
@@ -67,9 +95,11 @@ from ..checkpoints._committer import GroupCommitter
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     HandlerError,
+    InternalError,
     InvalidSpecError,
     InvalidStateError,
     LeaseLostError,
+    LedgerUnavailableError,
     NotWiredError,
     RayfleetError,
     SnapshotError,
@@ -107,9 +137,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rayfleet.runtime")
 
+T = TypeVar("T")
+
 RENEWAL_RETRY = RetryPolicy(base_delay=1.0, max_delay=64.0, jitter=0.0)
-"""Waits after failed lease renewals, 1 s doubling up to 64 s; renewals never stop retrying."""
+"""Backoff after failed lease renewals, 1 s doubling; the renewal loop caps it at TTL/10 and never stops retrying."""
 RENEWAL_BACKOFF_CAP = 60.0
+RENEWAL_DANGER_FRACTION = 0.1
+"""After a failed renewal the next try comes within this fraction of the TTL, and no wait
+ends later than this fraction of the TTL before the earliest lease held expires."""
 
 
 def renewal_backoff(failures: int, cap: float = RENEWAL_BACKOFF_CAP) -> float:
@@ -137,6 +172,25 @@ class HostStatistics:
     dead_letters: int
     parked: int
     draining: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainReport:
+    """What a drain did with the agents of one host.
+
+    Every agent the host had when the drain began is off it when the drain returns:
+    checkpointed and released, or, past the deadline, released without its unsaved State.
+    """
+
+    host: str
+    checkpointed: int
+    """Agents deactivated normally: unsaved State committed, ``on_deactivate`` run, lease released."""
+    released_unsaved: int
+    """Agents still busy (a turn running, a checkpoint failing) at the deadline: their
+    handlers were stopped and their leases released, so the next owner starts from the
+    last committed State at once instead of after a lease TTL."""
+    timed_out: bool
+    """True when the deadline passed before every agent was deactivated normally."""
 
 
 class _AgentContext:
@@ -195,6 +249,9 @@ class _RuntimeActivations:
 
     async def commit(self, entry: HostedAgent) -> int:
         return await self._runtime._commit(entry)
+
+    async def fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
+        return await self._runtime._fenced_write(entry, what, write)
 
     def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
         self._runtime._emit(identity, kind, **details)
@@ -383,34 +440,139 @@ class HostRuntime:
         remaining = entry.grant.ttl - (self._clock() - entry.installed_at)
         if lease_is_healthy(entry.grant.ttl, remaining):
             return
+        # The ledger extends the lease from when it handles the call, which is no earlier
+        # than the send: dating it from the send errs on the safe side, as renew_once does.
+        sent_at = self._clock()
         renewed = await self._ledger.renew(holder=self.holder, tokens={entry.spec.identity: entry.grant.fencing_token})
         grant = renewed.get(entry.spec.identity)
         if grant is None:
             await self._drop(entry, reason="lease lost at renewal")
             raise LeaseLostError(identity=entry.spec.identity, detail="the lease could not be renewed")
         self._counters["lease_renewals"] += 1
-        entry.grant, entry.installed_at = grant, self._clock()
+        entry.grant, entry.installed_at = grant, sent_at
+
+    async def _fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
+        """Run one fenced ledger write for ``entry``; ``write`` gets the token to present.
+
+        The one place a refused write is handled, for checkpoints and for the mailbox
+        writes of delivery (park, unpark, pause, resume, cancelling parked work): a
+        refusal means another owner took over (or the identity is gone), so the
+        agent is dropped at once and never served from here again.
+
+        Raises:
+            LeaseLostError: the ledger refused the token; chained to its refusal
+                (``StaleFencingTokenError``, ``LeaseLostError`` for a token it never
+                issued, ``UnknownIdentityError`` for a deleted identity).
+            Anything else ``write`` raises, unchanged; the entry is then left as it is.
+        """
+        try:
+            return await write(entry.grant.fencing_token)
+        except (StaleFencingTokenError, LeaseLostError, UnknownIdentityError) as refusal:
+            self._counters["stale_refusals"] += 1
+            if not entry.dropped:
+                await self._drop(entry, reason=str(refusal))
+            raise LeaseLostError(
+                identity=entry.spec.identity, detail=f"{what} refused: {refusal.message}"
+            ) from refusal
 
     async def _commit(self, entry: HostedAgent) -> int:
-        """Checkpoint ``entry`` now (caller holds its turn lock); returns the new version."""
+        """Checkpoint ``entry`` now (caller holds its turn lock); returns the new version.
+
+        The idempotency keys of the turns it covers are committed with it and are in
+        the entry's dedup window once it succeeds. A failed commit leaves the entry
+        consistent with what the ledger holds:
+
+        * refused (stale token, deleted identity): the entry is dropped at once and
+          the caller gets ``LeaseLostError`` (see :meth:`_fenced_write`);
+        * outcome unknown (the ledger call failed in a way that may have followed
+          the write): the ledger is read, and a continuity record at this version
+          under this token means the commit landed, so this is a success. Otherwise
+          (or when the read fails too) the entry is dropped and its lease released:
+          the next activation reloads the last committed snapshot, and its new
+          token fences a write that might still land. The caller gets
+          ``LedgerUnavailableError`` with ``committed_unknown``;
+        * refused as not newer (``StaleCheckpointVersionError``): the fence check
+          passed, so the version is this owner's own; if the ledger holds this
+          version under this token, this write reached it twice and this is a
+          success, otherwise the entry is reloaded as below;
+        * not committed (a storage error, or a ledger unreachable before the
+          write): under ``EVERY_TURN`` the entry is dropped and released the same
+          way, so the State goes back to the last committed one and nothing
+          unsaved looks acknowledged; under ``PERIODIC`` / ``ON_DEACTIVATE`` the
+          State stays unsaved and its keys pending, and the next commit carries
+          both. The error is raised as it came.
+
+        Raises:
+            LeaseLostError, LedgerUnavailableError, or the storage error, as above.
+            InternalError: the ledger holds another checkpoint of this version under
+                this owner's own token, which the rules above rule out.
+        """
+        identity = entry.spec.identity
+        if entry.dropped:
+            raise LeaseLostError(identity=identity, detail="the agent was taken out of service; nothing was committed")
         version = entry.checkpoint_version + 1
         keys, entry.pending_dedup = entry.pending_dedup, []
         try:
-            await self._committer.commit(
-                identity=entry.spec.identity, fencing_token=entry.grant.fencing_token, version=version,
-                state=entry.agent.state, extra=_encode_extra(entry), dedup=tuple(keys),
-                dedup_capacity=entry.spec.dedup_capacity,
-            )
-        except (StaleFencingTokenError, StaleCheckpointVersionError, LeaseLostError, UnknownIdentityError) as error:
-            # A refused write means ownership is lost: drop the agent at once.
-            self._counters["stale_refusals"] += 1
-            await self._drop(entry, reason=str(error))
-            raise LeaseLostError(identity=entry.spec.identity, detail=f"checkpoint refused: {error.message}") from error
+            await self._fenced_write(entry, "checkpoint", lambda token: self._committer.commit(
+                identity=identity, fencing_token=token, version=version, state=entry.agent.state,
+                extra=_encode_extra(entry), dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity,
+            ))
+        except LeaseLostError:
+            raise
+        except StaleCheckpointVersionError as error:
+            # The fence check passed, so the version was committed under this owner's own
+            # token: by this very write if the call reached the ledger twice (a transport
+            # retry after a lost reply). Never a sign that another owner took over.
+            if not await self._landed(entry, version):
+                await self._reload(entry, why=error.message)
+                raise InternalError(
+                    detail=f"checkpoint of {identity!r} met an earlier write of its own ({error.message})"
+                ) from error
+        except LedgerUnavailableError as error:
+            if not error.committed_unknown:
+                await self._discard_unsaved(entry, keys, why=error.message)
+                raise
+            if not await self._landed(entry, version):
+                await self._reload(entry, why=error.message)
+                raise
+        except asyncio.CancelledError:
+            # The commit may still land; dropping without an await (the lease lapses, or
+            # the next activation here re-acquires it under a token that fences the write).
+            self._discard(entry)
+            raise
+        except Exception as error:
+            await self._discard_unsaved(entry, keys, why=f"{type(error).__name__}: {error}")
+            raise
         entry.checkpoint_version = version
         entry.dirty = False
         entry.last_commit = self._clock()
-        self._emit(entry.spec.identity, EventKind.CHECKPOINT_COMPLETED, checkpoint_version=version)
+        for key, reply in keys:
+            entry.dedup.insert(key, reply)
+        self._emit(identity, EventKind.CHECKPOINT_COMPLETED, checkpoint_version=version)
         return version
+
+    async def _landed(self, entry: HostedAgent, version: int) -> bool:
+        """Whether the ledger holds checkpoint ``version`` of ``entry`` written under its token."""
+        try:
+            view = (await self._ledger.resolve([entry.spec.identity])).get(entry.spec.identity)
+        except Exception as error:  # noqa: BLE001 - the outcome stays unknown; the caller reloads
+            log.warning("reading the outcome of a checkpoint of %s failed: %s", entry.spec.identity, error)
+            return False
+        record = None if view is None else view.continuity
+        return record is not None and record.checkpoint_version == version and record.fence == entry.grant.fencing_token
+
+    async def _discard_unsaved(self, entry: HostedAgent, keys: list[tuple[str, bytes]], *, why: str) -> None:
+        """After a commit that did not land: reload (``EVERY_TURN``) or keep the keys pending with the State."""
+        if entry.spec.durability is Durability.EVERY_TURN:
+            await self._reload(entry, why=why)
+        else:
+            entry.pending_dedup[:0] = keys
+
+    async def _reload(self, entry: HostedAgent, *, why: str) -> None:
+        """Take ``entry`` out of service and release its lease: the next message reloads the last commit."""
+        log.warning("checkpoint of %s on %s did not land (%s); it reloads from the last commit",
+                    entry.spec.identity, self.name, why)
+        await self._drop(entry, reason="", release=True)
 
     # -- activation -----------------------------------------------------------------
 
@@ -428,12 +590,13 @@ class HostRuntime:
         future: asyncio.Future[HostedAgent] = asyncio.get_running_loop().create_future()
         self._activating[identity] = future
         try:
+            requested_at = self._clock()
             result = await self._acquire(identity)
             if isinstance(result, LeaseDenied):
                 raise OwnedElsewhere(identity, result.holder)
             if isinstance(result, RayfleetError):
                 raise result
-            entry = await self._materialize(result)
+            entry = await self._materialize(result, requested_at=requested_at)
             future.set_result(entry)
             return entry
         except BaseException as error:
@@ -488,11 +651,15 @@ class HostRuntime:
                         future.set_exception(HostDraining(identity))
             raise
 
-    async def _materialize(self, activation: Activation) -> HostedAgent:
-        """Build the agent from an acquired lease; on any failure the lease is released."""
+    async def _materialize(self, activation: Activation, *, requested_at: float) -> HostedAgent:
+        """Build the agent from an acquired lease; on any failure the lease is released.
+
+        ``requested_at`` is when the acquire was sent (or earlier): the lease is dated
+        from then, since the ledger started its TTL no earlier.
+        """
         view, grant = activation.view, activation.grant
         identity = view.identity
-        installed_at = self._clock()
+        installed_at = requested_at
         try:
             if view.addressability == Addressability.INTERNAL_ONLY.value and view.lifecycle != PERSISTED_LIVE:
                 # Remember it so an outside caller is refused as NOT ADDRESSABLE before it
@@ -600,6 +767,39 @@ class HostRuntime:
         results = await asyncio.gather(*(one(identity) for identity in list(self._entries)))
         return sum(results)
 
+    async def drain(self, timeout: float) -> DrainReport:
+        """Take no new activations and move every agent off this host within ``timeout`` seconds.
+
+        Agents are checkpointed and released as in :meth:`deactivate`. Those still busy
+        at the deadline (a long turn, a checkpoint that cannot be written) are dropped:
+        a running handler is stopped at its next ``await``, its caller gets
+        ``LeaseLostError``, and the lease is released so another host activates the
+        identity from its last committed State at once. Never waits much past ``timeout``:
+        releasing is one ledger call, bounded by the ledger's own timeouts.
+        """
+        self.draining = True
+        entries = list(self._entries.values())
+        jobs = {asyncio.ensure_future(self.deactivate(entry.spec.identity)): entry for entry in entries}
+        done, late = await asyncio.wait(jobs, timeout=timeout) if jobs else (set(), set())
+        checkpointed = sum(1 for job in done if not job.cancelled() and job.exception() is None and job.result())
+        for job in done:
+            if not job.cancelled() and job.exception() is not None:
+                log.warning("draining %s: deactivating %s failed: %s", self.name, jobs[job].spec.identity,
+                            job.exception())
+        stragglers = [entry for entry in entries if not entry.dropped]
+        tokens = {entry.spec.identity: entry.grant.fencing_token for entry in stragglers}
+        for entry in stragglers:
+            await self._drop(entry, reason="")
+        for job in late:
+            job.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        if tokens:
+            log.warning("drain of %s passed its %.1f s deadline; released %d busy agents without checkpoint: %s",
+                        self.name, timeout, len(tokens), ", ".join(sorted(tokens)[:10]))
+            await self._release(tokens)
+        return DrainReport(host=self.name, checkpointed=checkpointed, released_unsaved=len(tokens),
+                           timed_out=bool(late))
+
     async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool) -> None:
         """Take ``entry`` out of service (turn lock held); its lease is released."""
         if checkpoint and entry.dirty:
@@ -609,11 +809,19 @@ class HostRuntime:
                 await entry.agent.on_deactivate()
         await self._drop(entry, reason="", release=True)
 
+    def _discard(self, entry: HostedAgent) -> None:
+        """Never serve ``entry`` again; a later message activates the identity anew."""
+        entry.dropped = True
+        if self._entries.get(entry.spec.identity) is entry:
+            del self._entries[entry.spec.identity]
+        if entry.handler_task is not None and not entry.handler_task.done():
+            # Cooperative cancellation: the handler stops at its next await, and its turn
+            # answers LeaseLostError instead of a reply built on State this host no longer owns.
+            entry.handler_task.cancel()
+
     async def _drop(self, entry: HostedAgent, *, reason: str, release: bool = False) -> None:
         identity = entry.spec.identity
-        entry.dropped = True
-        if self._entries.get(identity) is entry:
-            del self._entries[identity]
+        self._discard(entry)
         if release:
             await self._release({identity: entry.grant.fencing_token})
         elif reason:
@@ -667,31 +875,34 @@ class HostRuntime:
 
     async def respawn(self, identity: str) -> ContinuityRecord:
         """Bring an identity back (same generation, last committed State) under a new lease."""
+        requested_at = self._clock()
         fenced = await self._fence(identity, checkpoint=True, create=True)
         await self._ledger.set_lifecycle(
             identity=identity, fencing_token=fenced.grant.fencing_token, lifecycle=PERSISTED_LIVE
         )
         # Same generation, so the keys it remembers still guard effects in its State.
-        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup)
+        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup, requested_at=requested_at)
 
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
+        requested_at = self._clock()
         grant = (await self._fence(identity, checkpoint=False)).grant
         try:
             await self._ledger.reset(identity=identity, fencing_token=grant.fencing_token)
         except BaseException:
             await self._release({identity: grant.fencing_token})
             raise
-        return await self._rehost(identity, grant)
+        return await self._rehost(identity, grant, requested_at=requested_at)
 
     async def _rehost(
-        self, identity: str, grant: LeaseGrant, *, dedup: tuple[tuple[str, bytes], ...] = ()
+        self, identity: str, grant: LeaseGrant, *, requested_at: float, dedup: tuple[tuple[str, bytes], ...] = ()
     ) -> ContinuityRecord:
+        """Host ``identity`` under ``grant``, acquired no earlier than ``requested_at``."""
         views = await self._ledger.resolve([identity])
         view = views.get(identity)
         if view is None:
             raise UnknownIdentityError(identity=identity)
-        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup))
+        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup), requested_at=requested_at)
         return entry.record
 
     async def delete(self, identity: str) -> None:
@@ -737,17 +948,39 @@ class HostRuntime:
 
     async def _renewal_loop(self) -> None:
         while True:
+            await asyncio.sleep(self._renewal_delay())
+            await self._renewal_attempt()
+
+    def _renewal_delay(self) -> float:
+        """Seconds until the renewal loop's next attempt.
+
+        TTL/3 while renewals succeed. After a failure the leases are in danger, so
+        the next attempt comes sooner, not later: 1 s doubling, but never more than
+        TTL/10. Either way no wait ends later than TTL/10 before the earliest expiry
+        of a lease held here, so with TTL 10 s two failed renewals still leave
+        several attempts before any lease lapses.
+        """
+        danger = self.lease_ttl * RENEWAL_DANGER_FRACTION
+        if self._renewal_failures:
+            delay = renewal_backoff(self._renewal_failures - 1, cap=danger)
+        else:
             delay = self.lease_ttl / 3
-            if self._renewal_failures:
-                delay = max(delay, renewal_backoff(self._renewal_failures, cap=self.lease_ttl))
-            await asyncio.sleep(delay)
-            try:
-                await self.renew_once()
-                self._renewal_failures = 0
-            except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
-                self._renewal_failures += 1
-                log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
-                        "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
+        if self._entries:
+            now = self._clock()
+            left = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values()) - now
+            if left > danger:
+                delay = min(delay, left - danger)
+        return delay
+
+    async def _renewal_attempt(self) -> None:
+        """One attempt of the renewal loop; counts consecutive failures, never raises."""
+        try:
+            await self.renew_once()
+            self._renewal_failures = 0
+        except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
+            self._renewal_failures += 1
+            log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
+                    "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
 
     async def _housekeeping_loop(self) -> None:
         tick = 0.05
@@ -755,7 +988,14 @@ class HostRuntime:
             await asyncio.sleep(tick)
             now = self._clock()
             for entry in list(self._entries.values()):
-                if entry.dropped or entry.turn_lock.locked():
+                if entry.dropped:
+                    continue
+                if now - entry.installed_at >= entry.grant.ttl:
+                    # Expired by this host's own clock (it was frozen, or the ledger is out of
+                    # reach): another host may own it now, so stop serving it, turn or no turn.
+                    await self._drop(entry, reason="the lease expired before it could be renewed")
+                    continue
+                if entry.turn_lock.locked():
                     continue
                 due = (
                     entry.dirty
@@ -774,7 +1014,7 @@ class HostRuntime:
             async with entry.turn_lock:
                 if not entry.dropped and entry.dirty:
                     await self._commit(entry)
-        except RayfleetError as error:
+        except Exception as error:  # noqa: BLE001 - a storage error too: the State stays unsaved, retried later
             log.warning("background checkpoint of %s failed: %s", entry.spec.identity, error)
 
     async def refresh_peers(self) -> int:

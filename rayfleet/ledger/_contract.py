@@ -30,6 +30,7 @@ from ._values import (
     HostInfo,
     IdentityView,
     JournalRecord,
+    LeaseView,
     RegisterOutcome,
     RunLease,
     RunRecord,
@@ -83,6 +84,10 @@ class LedgerClient(Protocol):
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         """All identities, sorted, optionally only those whose labels include ``labels``."""
+        ...
+
+    def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
+        """The live lease of each identity now (``None``: none, or lapsed); unknown identities are absent."""
         ...
 
     def set_lifecycle(

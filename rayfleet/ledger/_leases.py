@@ -12,7 +12,8 @@
   owner could still write.
 * Leases found live when the ledger opens are extended to one TTL from then
   (lock-delay): the ledger cannot know whether their holders are alive, and moving a
-  live owner's agents would fence it needlessly.
+  live owner's agents would fence it needlessly. Leases already expired then are left
+  expired.
 """
 
 from __future__ import annotations
@@ -38,8 +39,17 @@ def new_session_id() -> str:
 
 
 def apply_lock_delay(tx: Transaction, now: float) -> None:
-    tx.execute("UPDATE leases SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END",
-               (now, now))
+    """Extend every lease still live at ``now`` to at least one TTL from ``now``.
+
+    A lease that had expired already stays expired: its holder had stopped renewing
+    before the ledger went down, so reviving it would only keep the identity
+    unavailable for one more TTL after every restart.
+    """
+    tx.execute(
+        "UPDATE leases SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
+        "WHERE expires_at > ?",
+        (now, now, now),
+    )
 
 
 def next_token(tx: Transaction, *, table: str, key: str, value: str) -> int:

@@ -40,6 +40,7 @@ from ._values import (
     HostInfo,
     IdentityView,
     JournalRecord,
+    LeaseView,
     RegisterOutcome,
     RunLease,
     RunRecord,
@@ -140,6 +141,20 @@ class Ledger:
         def run(tx: Transaction) -> dict[str, IdentityView]:
             now = self._now(tx)
             return {identity: view for identity in wanted if (view := _views.view(tx, identity, now)) is not None}
+
+        return self._db.read(run)
+
+    def leases(self, identities: Iterable[str]) -> dict[str, LeaseView | None]:
+        """The live lease of each identity as of the ledger's clock; a lapsed lease reads as ``None``.
+
+        Cheaper than :meth:`resolve` (no spec, no snapshot pointer): routers ask it to
+        tell a slow owner, which keeps renewing, from a frozen or dead one, whose lease lapses.
+        """
+        wanted = list(identities)
+
+        def run(tx: Transaction) -> dict[str, LeaseView | None]:
+            now = self._now(tx)
+            return {identity: _views.lease(tx, identity, now) for identity in wanted if _views.exists(tx, identity)}
 
         return self._db.read(run)
 

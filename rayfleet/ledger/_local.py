@@ -31,6 +31,7 @@ from ._values import (
     HostInfo,
     IdentityView,
     JournalRecord,
+    LeaseView,
     RegisterOutcome,
     RunLease,
     RunRecord,
@@ -132,6 +133,9 @@ class LocalLedgerClient:
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         return self._run(self.ledger.list_identities, labels=labels)
+
+    def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
+        return self._run(self.ledger.leases, list(identities))
 
     def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> LedgerCall[None]:
         return self._run(

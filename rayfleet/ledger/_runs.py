@@ -196,10 +196,13 @@ def release_lease(tx: Transaction, *, run_id: str, holder: str, token: int) -> b
 
 
 def apply_lock_delay(tx: Transaction, now: float) -> None:
-    """Keep leases found held when the ledger opens for one TTL: their holders may be alive."""
+    """Keep leases found live when the ledger opens for one TTL: their holders may be alive.
+
+    A lease that had lapsed already stays lapsed (its holder had stopped renewing).
+    """
     for table in ("run_owners", "step_leases"):
         tx.execute(f"UPDATE {table} SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
-                   f"WHERE holder IS NOT NULL", (now, now))
+                   f"WHERE holder IS NOT NULL AND expires_at > ?", (now, now, now))
 
 
 # -- step leases -------------------------------------------------------------------

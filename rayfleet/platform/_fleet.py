@@ -27,7 +27,7 @@ from ..errors import (
     UsageError,
 )
 from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
-from ..host._runtime import HostStatistics
+from ..host._runtime import DrainReport, HostStatistics
 from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
 from ..identity._values import (
@@ -50,7 +50,7 @@ from ._host_actor import AgentHost
 from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
-from ._routing import Courier, HostDirectory, HostRequest
+from ._routing import Courier, HostDirectory, HostRequest, probe_interval_for
 from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerClient,
@@ -206,7 +206,9 @@ class Fleet:
             self._snapshot_store().storage.check()
         self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
                                     node=config.ledger_node)
-        self._courier = Courier(HostDirectory(config.namespace), self._ledger)
+        self._courier = Courier(
+            HostDirectory(config.namespace), self._ledger, probe_interval=probe_interval_for(config.lease_ttl)
+        )
         self._runner = RunnerClient(config.namespace, self.ledger_location.url, self.storage)
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
@@ -256,17 +258,19 @@ class Fleet:
         handles = [self._courier.directory.handle(name) for name in self._courier.directory.names]
         return list(ray.get([handle.statistics.remote() for handle in handles]))
 
-    def drain(self, host: str, *, timeout: float = 25.0) -> int:
-        """Stop new activations on ``host``, checkpoint and release its agents.
+    def drain(self, host: str, *, timeout: float = 25.0) -> DrainReport:
+        """Move every agent off ``host`` within ``timeout`` seconds; it takes no new work until :meth:`undrain`.
 
-        Returns how many agents were released, or -1 if ``timeout`` passed first (the
-        rest then move when their leases lapse). The host stays up but takes no new
-        work until :meth:`undrain`; call ``ray.kill`` on it afterwards to scale in.
+        Agents are checkpointed and released; any still busy at the deadline have their
+        handler stopped and their lease released without their unsaved State (counted in
+        ``released_unsaved``), so no identity waits a lease TTL to move. Call ``ray.kill``
+        on the host afterwards to scale in. A host drains the same way on SIGTERM and
+        when Ray drains its node.
         """
         handle = self._courier.directory.handle(host)
-        released = ray.get(handle.drain.remote(timeout))
+        report: DrainReport = ray.get(handle.drain.remote(timeout))
         self._courier.refresh_sync()
-        return int(released)
+        return report
 
     def undrain(self, host: str) -> None:
         ray.get(self._courier.directory.handle(host).undrain.remote())

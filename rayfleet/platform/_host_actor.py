@@ -33,6 +33,7 @@ from ..errors import (
 from ..host._events import EventSubscription
 from ..host._messages import DeadLetterReason, Envelope
 from ..host._runtime import (
+    DrainReport,
     HostDraining,
     HostRuntime,
     HostStatistics,
@@ -52,7 +53,9 @@ from ._routing import (
     Courier,
     HostDirectory,
     deliver_request,
+    probe_interval_for,
 )
+from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
 log = logging.getLogger("rayfleet.host")
 
@@ -173,6 +176,7 @@ class AgentHost:
         self._tell_tasks: set[asyncio.Task[None]] = set()
         self._tell_sweeper: asyncio.Task[None] | None = None
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
+        self._node_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Connect to the ledger, start the runtime and register; returns the lease holder id.
@@ -204,7 +208,7 @@ class AgentHost:
     async def _start_once(self) -> None:
         try:
             ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
-            courier = Courier(HostDirectory(self.namespace), ledger)
+            courier = Courier(HostDirectory(self.namespace), ledger, probe_interval=probe_interval_for(self._lease_ttl))
             self.courier = courier  # the runtime's router sends through it
             runtime = HostRuntime(
                 name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
@@ -230,7 +234,11 @@ class AgentHost:
             raise
         self.runtime = runtime
         self._running = True
-        self._tell_sweeper = asyncio.get_running_loop().create_task(self._sweep_tells(), name=f"{self.name}-tells")
+        # Installed once, by the attempt that succeeded: a failed attempt leaves none behind.
+        loop = asyncio.get_running_loop()
+        drain_on_sigterm(loop, self._drain_before_exit)
+        self._node_watch = loop.create_task(self._watch_node_drain())
+        self._tell_sweeper = loop.create_task(self._sweep_tells(), name=f"{self.name}-tells")
         self._start_failure = None
         self._start_failures = 0
 
@@ -394,15 +402,38 @@ class AgentHost:
         """Reply: how many parked messages were dead-lettered."""
         return await self._serve(lambda: self.runtime.cancel_parked(identity))
 
-    async def drain(self, timeout: float) -> int:
-        """Stop new activations, then checkpoint and release every agent within ``timeout`` seconds."""
+    async def drain(self, timeout: float) -> DrainReport:
+        """Stop new activations, then move every agent off this host within ``timeout`` seconds.
+
+        See :meth:`HostRuntime.drain`. The ledger's host list marks it draining first,
+        so routers stop placing identities here; when the ledger is out of reach the
+        drain goes on (placement then learns from redirects).
+        """
         await self.start()
         self.runtime.draining = True
-        await self.courier.ledger.set_host_draining(name=self.name, draining=True)
         try:
-            return await asyncio.wait_for(self.runtime.deactivate_all(), timeout)
-        except asyncio.TimeoutError:
-            return -1
+            await self.courier.ledger.set_host_draining(name=self.name, draining=True)
+        except Exception as error:  # noqa: BLE001 - draining must not depend on the ledger being up
+            log.warning("could not mark %s draining in the ledger: %s", self.name, error)
+        return await self.runtime.drain(timeout)
+
+    async def _drain_before_exit(self, timeout: float) -> None:
+        """SIGTERM: drain, then leave the host list so nobody routes here while the process exits."""
+        if not self._running:
+            return
+        report = await self.drain(timeout)
+        log.warning("%s drained before exit: %s", self.name, report)
+        await self.courier.ledger.remove_host(name=self.name, holder=self.runtime.holder)
+
+    async def _watch_node_drain(self) -> None:
+        """Drain when the GCS starts draining this host's node (``ray drain-node``, autoscaler, KubeRay)."""
+        node_id = ray.get_runtime_context().get_node_id()
+        while not self.runtime.draining:
+            await asyncio.sleep(NODE_DRAIN_POLL)
+            timeout = await asyncio.to_thread(node_drain_timeout, node_id, DRAIN_ON_EXIT_TIMEOUT)
+            if timeout is not None and not self.runtime.draining:
+                log.warning("node %s of %s is being drained; draining within %.0f s", node_id, self.name, timeout)
+                await self.drain(timeout)
 
     async def undrain(self) -> None:
         await self.start()

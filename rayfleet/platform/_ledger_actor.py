@@ -31,6 +31,7 @@ from ..ledger._values import (
     HostInfo,
     IdentityView,
     JournalRecord,
+    LeaseView,
     RegisterOutcome,
     RunLease,
     RunRecord,
@@ -113,6 +114,9 @@ class LedgerActor:
 
     def list_identities(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.list_identities, args, kwargs)
+
+    def leases(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.leases, args, kwargs)
 
     def set_lifecycle(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.set_lifecycle, args, kwargs)
@@ -301,6 +305,9 @@ class RayLedgerClient:
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         return _RayCall(self.actor.list_identities.remote(labels=labels))
+
+    def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
+        return _RayCall(self.actor.leases.remote(list(identities)))
 
     def set_lifecycle(
         self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = ""

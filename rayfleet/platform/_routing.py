@@ -1,13 +1,23 @@
-"""Where a message for an identity goes: rendezvous placement, route cache, redirects.
+"""Where a message for an identity goes: rendezvous placement, route cache, redirects, failover.
 
 The lease table is the truth about who owns an identity; placement only picks where
 an identity that nobody owns should be activated. A host that gets a message for an
 identity leased elsewhere answers with a redirect, and the route is cached.
+
+A request that has waited a probe interval for its reply asks the ledger who holds the
+identity's lease. A live owner keeps renewing, so a slow handler is simply waited for.
+When the lease has lapsed, or is held by another host, the owner is frozen, dead or
+no longer the owner: the request is sent again (to the holder, or to the next live host,
+which activates the identity under a larger token) and the unanswered copy is cancelled
+and forgotten, so a late reply from it never reaches the caller. The suspect host is
+passed over by placement for a while. Fencing keeps this safe whatever the timing: a
+frozen owner that wakes up finds its lease gone, and its writes are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import pickle
@@ -20,13 +30,25 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from ..errors import FleetUnavailableError, InvalidArgumentsError
 from ..host._messages import Envelope
+from ..host._runtime import holder_host
 from ..ledger._contract import LedgerClient
-from ..ledger._values import HostInfo
+from ..ledger._values import HostInfo, LeaseView
 from ..retry import RetryPolicy
 
 log = logging.getLogger("rayfleet.routing")
 
 MAX_HOPS = 8
+OWNER_PROBE_INTERVAL = 1.0
+"""Seconds a request waits for its reply before the ledger is asked whether its host still owns the identity."""
+
+
+def probe_interval_for(lease_ttl: float) -> float:
+    """The probe interval for a fleet whose leases last ``lease_ttl``: a lapse is seen within TTL + this."""
+    return min(OWNER_PROBE_INTERVAL, lease_ttl / 4)
+
+
+SUSPECT_FOR = 10.0
+"""Seconds placement passes over a host that held a request while the identity's lease lapsed."""
 
 # Reply kinds a host sends back; a tuple keeps the hot path free of class lookups.
 OK = "ok"
@@ -62,6 +84,7 @@ class HostDirectory:
         self._handles: dict[str, ray.actor.ActorHandle] = {}
         self._routes: dict[str, str] = {}
         self.dead: set[str] = set()
+        self._suspect_until: dict[str, float] = {}
 
     def update(self, hosts: Iterable[HostInfo]) -> None:
         """Replace the host list with the ledger's view."""
@@ -73,7 +96,17 @@ class HostDirectory:
         return sorted(self._hosts)
 
     def candidates(self) -> list[str]:
-        return [name for name, host in self._hosts.items() if not host.draining and name not in self.dead]
+        live = [name for name, host in self._hosts.items() if not host.draining and name not in self.dead]
+        now = time.monotonic()
+        trusted = [name for name in live if self._suspect_until.get(name, 0.0) <= now]
+        # Every host suspect (all frozen at once, or a tiny fleet): better to try one than none.
+        return trusted or live
+
+    def suspect(self, name: str) -> None:
+        """Pass over ``name`` when placing identities for :data:`SUSPECT_FOR` seconds (it looks frozen)."""
+        self._suspect_until[name] = time.monotonic() + SUSPECT_FOR
+        for identity in [i for i, host in self._routes.items() if host == name]:
+            del self._routes[identity]
 
     def pick(self, identity: str) -> str:
         route = self._routes.get(identity)
@@ -168,6 +201,26 @@ class CallPlan:
         self.needs_refresh = True
         return False, None
 
+    def on_probe(self, host: str, lease: LeaseView | None) -> bool:
+        """Decide about a request ``host`` has not answered for a probe interval.
+
+        Returns ``True`` to keep waiting (``host`` holds a live lease, so it is alive and
+        renewing), ``False`` to abandon the request and send it again: to the holder when
+        another host holds the lease, else to the next live host (``host`` is suspect).
+        """
+        if lease is not None:
+            owner = holder_host(lease.holder)
+            if owner == host:
+                return True
+            log.warning("%s moved from %s to %s while a request waited; re-sending", self.identity, host, owner)
+            self.directory.remember(self.identity, owner)
+            self.needs_refresh = owner not in self.directory.names
+            return False
+        log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
+                    self.identity, host, host)
+        self.directory.suspect(host)
+        return False
+
     def on_failure(self, host: str, error: BaseException) -> None:
         """Absorb a dead or unreachable host (try elsewhere); re-raise anything else."""
         if isinstance(error, ActorDiedError) or (
@@ -192,9 +245,12 @@ class Courier:
     blocking API and ``route_async`` for ``ask`` and for agents inside hosts.
     """
 
-    def __init__(self, directory: HostDirectory, ledger: LedgerClient) -> None:
+    def __init__(
+        self, directory: HostDirectory, ledger: LedgerClient, *, probe_interval: float = OWNER_PROBE_INTERVAL
+    ) -> None:
         self.directory = directory
         self.ledger = ledger
+        self.probe_interval = probe_interval
 
     def refresh_sync(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
@@ -215,9 +271,15 @@ class Courier:
     def route_sync(self, identity: str, request: HostRequest, *, method: str, timeout: float | None = None) -> Any:
         """Apply ``request`` to the owner of ``identity`` and return its value, following redirects.
 
-        ``method`` names the handler or operation, for error messages.
+        ``method`` names the handler or operation, for error messages. Waiting longer
+        than a probe interval asks the ledger whether the host still owns the identity,
+        and fails over when it does not (see the module docstring).
+
+        Raises:
+            ray.exceptions.GetTimeoutError: no reply within ``timeout`` seconds.
         """
         plan = CallPlan(self.directory, identity)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if plan.needs_refresh:
                 _pause(plan.hops)
@@ -225,15 +287,38 @@ class Courier:
             name, handle = plan.target()
             pending = _submit(handle, request, identity, method)
             try:
-                reply = ray.get(pending, timeout=timeout)
+                reply = self._wait_sync(plan, name, pending, deadline)
             except ray.exceptions.GetTimeoutError:
                 raise
             except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
                 continue
+            if reply is _ABANDONED:
+                continue
             done, value = plan.on_reply(name, reply)
             if done:
                 return value
+
+    def _wait_sync(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any], deadline: float | None) -> Any:
+        """The reply to ``pending``, or :data:`_ABANDONED` when its host no longer owns the identity."""
+        while True:
+            wait = self.probe_interval
+            if deadline is not None:
+                wait = min(wait, max(deadline - time.monotonic(), 0.0))
+            ready, _ = ray.wait([pending], timeout=wait)
+            if ready:
+                return ray.get(pending)
+            if deadline is not None and time.monotonic() >= deadline:
+                _cancel(pending)
+                raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
+            lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
+            if plan.on_probe(host, lease):
+                continue
+            ready, _ = ray.wait([pending], timeout=0)
+            if ready:  # answered while the ledger was asked: the reply stands
+                return ray.get(pending)
+            _cancel(pending)
+            return _ABANDONED
 
     async def route_async(self, identity: str, request: HostRequest, *, method: str) -> Any:
         """:meth:`route_sync`, awaited."""
@@ -245,13 +330,44 @@ class Courier:
             name, handle = plan.target()
             pending = _submit(handle, request, identity, method)
             try:
-                reply = await pending
+                reply = await self._wait_async(plan, name, pending)
             except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
+                continue
+            if reply is _ABANDONED:
                 continue
             done, value = plan.on_reply(name, reply)
             if done:
                 return value
+
+    async def _wait_async(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any]) -> Any:
+        """:meth:`_wait_sync`, awaited (a cancelled caller cancels the request too)."""
+        reply: asyncio.Future[Any] = asyncio.wrap_future(pending.future())
+        try:
+            while True:
+                done, _ = await asyncio.wait({reply}, timeout=self.probe_interval)
+                if done:
+                    return reply.result()
+                lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
+                if plan.on_probe(host, lease):
+                    continue
+                if reply.done():
+                    return reply.result()
+                _cancel(pending)
+                return _ABANDONED
+        except asyncio.CancelledError:
+            _cancel(pending)
+            raise
+
+
+_ABANDONED: Any = object()
+"""What a wait returns when its request was given up on because the host no longer owns the identity."""
+
+
+def _cancel(pending: ray.ObjectRef[Any]) -> None:
+    """Cancel an abandoned request, best effort: whatever its host does with it, nobody hears the reply."""
+    with contextlib.suppress(Exception):
+        ray.cancel(pending)
 
 
 def _submit(handle: ray.actor.ActorHandle, request: HostRequest, identity: str, method: str) -> Any:

@@ -254,7 +254,8 @@ def test_drain_moves_agents_to_the_other_host(fleet: rf.Fleet) -> None:
     moving = sorted(by_host[drained])
     staying = sorted(by_host.get(other, []))
 
-    assert fleet.drain(drained) == len(moving)
+    report = fleet.drain(drained)
+    assert report == rf.DrainReport(host=drained, checkpointed=len(moving), released_unsaved=0, timed_out=False)
     for identity in moving:
         status = fleet.status(identity)
         assert status.state is rf.LifecycleState.DORMANT
@@ -287,7 +288,7 @@ def test_deactivate_reaches_the_owner_through_a_cold_route(make_fleet, storage: 
     placed = fleet.status(identity).host  # the identity's placement (rendezvous) host
     assert placed is not None
     # Move the agent off its placement host, then let that host take work again.
-    assert fleet.drain(placed) == 1
+    assert fleet.drain(placed).checkpointed == 1
     assert ref.call("add", n=1) == 2
     owner = fleet.status(identity).host
     assert owner is not None and owner != placed

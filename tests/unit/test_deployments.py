@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from rayfleet.ledger._location import LedgerLocation
+
 DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"
 
 
@@ -26,3 +28,12 @@ def test_rayjob_runs_an_importable_entrypoint() -> None:
     assert callable(module.main)
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert head["image"].startswith("rayproject/ray:")
+
+
+def test_rayjob_with_a_worker_group_keeps_snapshots_where_every_pod_reads_them() -> None:
+    # A pod's /tmp is its own: a host on another pod could not read a snapshot written there.
+    job = yaml.safe_load((DEPLOYMENTS / "kuberay-rayjob.yaml").read_text())
+    assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert "://" in env["RAYFLEET_STORAGE"], env
+    assert LedgerLocation.parse(env["RAYFLEET_LEDGER"]).kind in ("sqlite", "postgresql")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -14,6 +15,8 @@ from rayfleet.identity._values import ContinuityRecord, EventKind, LeaseGrant
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.testing import ManualClock
+
+T = TypeVar("T")
 
 
 class Tally(rf.Agent):
@@ -60,7 +63,14 @@ class FakeActivations:
         self.calls.append("commit")
         entry.checkpoint_version += 1
         entry.dirty = False
+        # As the runtime does: committed keys join the dedup window.
+        for key, reply in entry.pending_dedup:
+            entry.dedup.insert(key, reply)
+        entry.pending_dedup.clear()
         return entry.checkpoint_version
+
+    async def fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
+        return await write(entry.grant.fencing_token)
 
     def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
         self.events.append((identity, kind))

@@ -480,6 +480,26 @@ def test_released_lease_is_not_lock_delayed_after_restart(ledger, backend, clock
         ledger.close()
 
 
+def test_lease_already_expired_at_restart_is_not_revived_by_lock_delay(ledger, backend, clock):
+    # A dead holder's lease that lapsed before the restart must stay takeable: lock-delay
+    # protects only owners that may still be alive, and this one's lease was gone already.
+    register(ledger)
+    register(ledger, "b")
+    g = grant(ledger, "A")
+    held = grant(ledger, "A", "b")
+    clock.advance(TTL - 1)
+    assert ledger.renew(holder="A", tokens={"b": held.fencing_token})["b"] == held  # b stays live, a does not
+    clock.advance(2)  # a expired 1 s ago
+    ledger = restart(ledger, backend, clock)
+    try:
+        taken = grant(ledger, "B")
+        assert taken.holder == "B" and taken.fencing_token > g.fencing_token
+        denied = ledger.acquire(holder="B", identities=["b"], ttl=TTL)["b"]
+        assert isinstance(denied, LeaseDenied) and denied.holder == "A"
+    finally:
+        ledger.close()
+
+
 # -- fenced writes ----------------------------------------------------------------------
 
 
@@ -974,6 +994,21 @@ def test_renewal_keeps_the_run_lease_from_lapsing(ledger, clock):
         ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
 
 
+def test_run_lease_already_lapsed_at_restart_is_not_revived_by_lock_delay(ledger, backend, clock):
+    lapsed, live = new_run(ledger, "lapsed"), new_run(ledger, "live")
+    ledger.acquire_run_lease(run_id=lapsed, holder="E1", ttl=TTL)
+    clock.advance(TTL - 1)
+    ledger.acquire_run_lease(run_id=live, holder="E1", ttl=TTL)
+    clock.advance(2)  # "lapsed" expired 1 s ago, "live" has TTL - 2 left
+    ledger = restart(ledger, backend, clock)
+    try:
+        assert ledger.acquire_run_lease(run_id=lapsed, holder="E2", ttl=TTL).holder == "E2"
+        with pytest.raises(RunOwnedElsewhereError):
+            ledger.acquire_run_lease(run_id=live, holder="E2", ttl=TTL)
+    finally:
+        ledger.close()
+
+
 def test_a_named_dead_holder_is_taken_over_at_once_and_its_step_leases_freed(ledger):
     run = new_run(ledger)
     old = ledger.acquire_run_lease(run_id=run, holder="runner:ns:1", ttl=TTL)
@@ -1356,3 +1391,21 @@ def test_held_tells_are_claimed_once_per_age_and_settled_into_at_most_one_letter
     assert [(d.message_id, d.envelope) for d in ledger.dead_letters(identity="t")][1:] == [("m3", b"e3")]
     clock.advance(60.0)
     assert ledger.claim_tells(min_age=5.0) == []
+
+
+def test_leases_reports_the_live_holder_and_a_lapsed_lease_as_none(ledger, clock) -> None:
+    # Routers ask this to tell a slow owner (still renewing) from a frozen one (lease lapsed).
+    register(ledger, "a")
+    register(ledger, "b")
+    granted = grant(ledger, "A", "a")
+    leases = ledger.leases(["a", "b", "nobody"])
+    assert set(leases) == {"a", "b"}  # unknown identities are absent
+    assert leases["b"] is None
+    live = leases["a"]
+    assert live is not None and live.holder == "A" and live.fencing_token == granted.fencing_token
+    assert 0 < live.expires_in <= TTL
+    clock.advance(TTL + 0.1)
+    assert ledger.leases(["a"]) == {"a": None}
+    grant(ledger, "B", "a")
+    after = ledger.leases(["a"])["a"]
+    assert after is not None and after.holder == "B" and after.fencing_token > granted.fencing_token
