@@ -509,8 +509,8 @@ class Fleet:
 
         Raises:
             UnknownDeadLetterError: no dead letter has ``letter_id`` (perhaps already replayed).
-            DeadlineExceededError: no reply within ``timeout`` (the letter stays; the
-                message may still run, and if it fails it is dead-lettered again).
+            DeadlineExceededError: no reply within ``timeout`` (the letter stays; the request
+                is cancelled, best effort, so the message may still have run).
             InvalidStateError, UnknownHandlerError, NotAddressableError, LeaseLostError,
             FleetUnavailableError, HandlerError, ...: the replay's own failure.
         """
