@@ -30,6 +30,7 @@ from .errors import ModelUnavailableError as ModelUnavailableError
 from .errors import NotAddressableError as NotAddressableError
 from .errors import NotInAgentContextError as NotInAgentContextError
 from .errors import NotWiredError as NotWiredError
+from .errors import PeerCycleError as PeerCycleError
 from .errors import RayfleetError as RayfleetError
 from .errors import Retryable as Retryable
 from .errors import RunCancelledError as RunCancelledError
@@ -177,6 +178,7 @@ __all__ = [
     "NotAddressableError",
     "NotInAgentContextError",
     "NotWiredError",
+    "PeerCycleError",
     "RayfleetError",
     "RunCancelledError",
     "RunOwnedElsewhereError",

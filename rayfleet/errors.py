@@ -18,6 +18,7 @@ catches one kind of failure without naming every leaf::
     ├── DeliveryError                                 a message to an agent
     │   ├── NotAddressableError                       an INTERNAL_ONLY agent called from outside
     │   ├── NotWiredError                             a send to a peer that is not wired
+    │   ├── PeerCycleError                            a peer send back into a turn waiting on it
     │   ├── UnknownHandlerError (also AttributeError) the agent class has no such handler
     │   ├── InvalidArgumentsError (also TypeError)    handler arguments that do not fit the handler
     │   ├── HandlerError                              the user's handler raised
@@ -77,6 +78,7 @@ __all__ = [
     "NotAddressableError",
     "NotInAgentContextError",
     "NotWiredError",
+    "PeerCycleError",
     "RayfleetError",
     "Retryable",
     "RunCancelledError",
@@ -366,6 +368,30 @@ class NotWiredError(DeliveryError):
             f"Wire them with fleet.topology.wire({sender!r}, {target!r}) or list the peer in the spec.",
             sender=sender,
             target=target,
+        )
+
+
+class PeerCycleError(DeliveryError):
+    """A peer send whose target's turn is already waiting, directly or not, on the sender.
+
+    Sending would deadlock: the target cannot take the message until its own waiting
+    turn ends, and that turn waits on this send.
+
+    Attributes:
+        cycle: the identities around the loop, from the target's waiting turn to the target again.
+        method: the handler the refused send named.
+    """
+
+    cycle: tuple[str, ...]
+    method: str
+
+    def __init__(self, *, cycle: tuple[str, ...], method: str) -> None:
+        super().__init__(
+            f"sending {method!r} to {cycle[0]!r} would wait on a turn that waits on this one "
+            f"({' -> '.join(cycle)}). A handler cannot call an agent that is waiting on it: return the value "
+            f"instead, or send the return leg with tell so nobody waits",
+            cycle=cycle,
+            method=method,
         )
 
 

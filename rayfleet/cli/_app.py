@@ -133,7 +133,10 @@ def _run(arguments: argparse.Namespace) -> int:
             _print(fleet.collect_garbage(min_age=arguments.min_age))
         return 0
     finally:
-        fleet.shutdown()
+        # A command never stops a fleet it attached to. Only when this command started the
+        # Ray under it (no cluster was running) are its actors checkpointed and stopped:
+        # they end with that Ray anyway, and checkpointing first keeps their State.
+        fleet.shutdown(stop_actors=fleet.started_ray)
 
 
 def _runs(fleet: Any, arguments: argparse.Namespace) -> None:

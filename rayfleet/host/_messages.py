@@ -62,6 +62,12 @@ class Envelope:
     """The conversation's fence; a lower fence than one already seen is refused."""
     message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     sent_at: float = field(default_factory=time.time)
+    chain: tuple[str, ...] = ()
+    """Agents whose turns wait on this message, the first caller first (empty from outside the fleet).
+
+    A peer send appends its sender; a send to an identity already in the chain is refused
+    (:class:`~rayfleet.errors.PeerCycleError`), since that agent's turn cannot end before it.
+    """
 
     def __post_init__(self) -> None:
         problem = _envelope_problem(self)
@@ -88,6 +94,8 @@ def _envelope_problem(envelope: Envelope) -> str:
         value = getattr(envelope, name)
         if value is not None and (not isinstance(value, str) or not value):
             return f"{name} must be a non-empty string or None, got {value!r}"
+    if not isinstance(envelope.chain, tuple) or not all(isinstance(i, str) and i for i in envelope.chain):
+        return f"chain must be a tuple of identities, got {envelope.chain!r}"
     if envelope.deadline is not None and (isinstance(envelope.deadline, bool)
                                           or not isinstance(envelope.deadline, (int, float))):
         return f"deadline must be a time.time() value or None, got {envelope.deadline!r}"

@@ -263,6 +263,20 @@ class LedgerClient(Protocol):
         """Record a message that could not be handled; returns its letter id (not fenced)."""
         ...
 
+    def hold_tell(self, *, identity: str, message_id: str, envelope: bytes) -> LedgerCall[int]:
+        """Hold a tell durably until it is settled (not fenced); returns its sequence number."""
+        ...
+
+    def claim_tells(self, *, min_age: float, limit: int = 100) -> LedgerCall[list[StoredMessage]]:
+        """Held tells not attempted for ``min_age`` seconds, oldest first, claimed for another ``min_age``."""
+        ...
+
+    def settle_tell(
+        self, *, identity: str, message_id: str, reason: str | None = None, error: str = ""
+    ) -> LedgerCall[bool]:
+        """Forget a handled tell; with ``reason``, record its dead letter first unless one exists."""
+        ...
+
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
         """Dead letters, oldest first, optionally of one identity."""
         ...

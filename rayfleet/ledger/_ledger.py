@@ -486,6 +486,36 @@ class Ledger:
             )
         )
 
+    def hold_tell(self, *, identity: str, message_id: str, envelope: bytes) -> int:
+        """Hold a tell durably until :meth:`settle_tell` (not fenced); the same message twice is a no-op.
+
+        Returns its sequence number.
+        """
+        return self._db.write(
+            lambda tx: _mailbox.hold_tell(tx, identity=identity, message_id=message_id, envelope=envelope,
+                                          now=self._now(tx))
+        )
+
+    def claim_tells(self, *, min_age: float, limit: int = 100) -> list[StoredMessage]:
+        """Held tells not attempted for ``min_age`` seconds, oldest first, claimed for another ``min_age``.
+
+        A claim is no lock: a claimed tell not settled within ``min_age`` is claimable again.
+        """
+        return self._db.write(
+            lambda tx: _mailbox.claim_tells(tx, attempted_before=self._now(tx) - min_age, limit=limit,
+                                            now=self._now(tx))
+        )
+
+    def settle_tell(self, *, identity: str, message_id: str, reason: str | None = None, error: str = "") -> bool:
+        """Forget a handled tell; with ``reason``, record its dead letter first unless one exists.
+
+        Both happen in one transaction. Returns whether the tell was still held.
+        """
+        return self._db.write(
+            lambda tx: _mailbox.settle_tell(tx, identity=identity, message_id=message_id, reason=reason, error=error,
+                                            now=self._now(tx))
+        )
+
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> list[StoredMessage]:
         """Dead letters, oldest first, optionally of one identity."""
         return self._db.read(lambda tx: _mailbox.dead_letters(tx, identity=identity, limit=limit))

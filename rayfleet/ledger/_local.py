@@ -319,6 +319,18 @@ class LocalLedgerClient:
             attempts=attempts,
         )
 
+    def hold_tell(self, *, identity: str, message_id: str, envelope: bytes) -> LedgerCall[int]:
+        return self._run(self.ledger.hold_tell, identity=identity, message_id=message_id, envelope=envelope)
+
+    def claim_tells(self, *, min_age: float, limit: int = 100) -> LedgerCall[list[StoredMessage]]:
+        return self._run(self.ledger.claim_tells, min_age=min_age, limit=limit)
+
+    def settle_tell(
+        self, *, identity: str, message_id: str, reason: str | None = None, error: str = ""
+    ) -> LedgerCall[bool]:
+        return self._run(self.ledger.settle_tell, identity=identity, message_id=message_id, reason=reason,
+                         error=error)
+
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
         return self._run(self.ledger.dead_letters, identity=identity, limit=limit)
 

@@ -1,8 +1,10 @@
-"""Durable message state of identities: the pause flag, parked messages and the dead-letter log.
+"""Durable message state of identities: the pause flag, parked messages, pending tells and the dead-letter log.
 
 Pausing, parking and unparking change what an identity will do, so they are fenced
 like any other write. Recording a dead letter is not: it is a report, and refusing it
-because the reporter lost its lease would lose the message itself.
+because the reporter lost its lease would lose the message itself. Nor are pending
+tells: the host that accepts a tell seldom owns its target, and holding the message
+durably before the sender is answered is the point.
 """
 
 from __future__ import annotations
@@ -117,10 +119,66 @@ def purge_dead_letters(
     return tx.execute(f"DELETE FROM dead_letters{where}", parameters).rowcount
 
 
+def hold_tell(tx: Transaction, *, identity: str, message_id: str, envelope: bytes, now: float) -> int:
+    """Hold a tell until it is settled; holding the same message twice is a no-op. Returns its seq."""
+    tx.execute(
+        "INSERT INTO tells (identity, message_id, envelope, accepted_at, attempted_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT DO NOTHING",
+        (identity, message_id, envelope, now, now),
+    )
+    row = tx.execute("SELECT seq FROM tells WHERE identity = ? AND message_id = ?", (identity, message_id)).fetchone()
+    assert row is not None  # inserted or already present, in this transaction
+    return int(row[0])
+
+
+def claim_tells(tx: Transaction, *, attempted_before: float, limit: int, now: float) -> list[StoredMessage]:
+    """Tells last attempted before ``attempted_before``, oldest first, marked as attempted ``now``.
+
+    Marking them in the same transaction means two hosts sweeping at once never both claim one.
+    """
+    rows = tx.execute(
+        "SELECT seq, identity, message_id, envelope, accepted_at FROM tells WHERE attempted_at < ? "
+        "ORDER BY seq LIMIT ?",
+        (attempted_before, limit),
+    ).fetchall()
+    for row in rows:
+        tx.execute("UPDATE tells SET attempted_at = ? WHERE seq = ?", (now, row[0]))
+    return [StoredMessage(id=row[0], identity=row[1], message_id=row[2], envelope=bytes(row[3]), at=row[4])
+            for row in rows]
+
+
+def settle_tell(
+    tx: Transaction, *, identity: str, message_id: str, reason: str | None, error: str, now: float
+) -> bool:
+    """Forget a handled tell; with ``reason``, make sure it has a dead letter first. Returns whether it was held.
+
+    The host that ran the turn may already have recorded the letter (same message id);
+    then no second one is added.
+    """
+    row = tx.execute(
+        "SELECT envelope FROM tells WHERE identity = ? AND message_id = ?", (identity, message_id)
+    ).fetchone()
+    if row is None:
+        return False
+    if reason is not None:
+        recorded = tx.execute(
+            "SELECT 1 FROM dead_letters WHERE identity = ? AND message_id = ?", (identity, message_id)
+        ).fetchone()
+        if recorded is None:
+            add_dead_letter(tx, identity=identity, message_id=message_id, envelope=bytes(row[0]), reason=reason,
+                            error=error, attempts=0, now=now)
+    tx.execute("DELETE FROM tells WHERE identity = ? AND message_id = ?", (identity, message_id))
+    return True
+
+
 def drop(tx: Transaction, identity: str, now: float) -> None:
-    """Forget the pause flag, and keep parked work as dead letters: it can never run once the identity is gone."""
+    """Forget the pause flag, and keep parked work and pending tells as dead letters: they can never run
+    once the identity is gone."""
     tx.execute("DELETE FROM paused WHERE identity = ?", (identity,))
     bury_parked(tx, identity, reason="DELETED", error="identity deleted while the message was parked", now=now)
+    for (message_id,) in tx.execute("SELECT message_id FROM tells WHERE identity = ?", (identity,)).fetchall():
+        settle_tell(tx, identity=identity, message_id=message_id, reason="DELETED",
+                    error="identity deleted before the tell was handled", now=now)
 
 
 def _letter(row: Row) -> StoredMessage:

@@ -211,4 +211,18 @@ CREATE TABLE IF NOT EXISTS step_leases (
     PRIMARY KEY (run_id, label)
 );
 """),
+    # 4: tells accepted but not yet handled (committed or dead-lettered). Any host may
+    # claim one whose last attempt is old (attempted_at) and deliver it again.
+    Migration("""CREATE TABLE IF NOT EXISTS tells (
+    seq {serial},
+    identity TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    envelope {blob} NOT NULL,
+    accepted_at {real} NOT NULL,
+    attempted_at {real} NOT NULL,
+    UNIQUE(identity, message_id)
+);
+CREATE INDEX IF NOT EXISTS tells_by_attempt ON tells(attempted_at);
+CREATE INDEX IF NOT EXISTS dead_letters_by_message ON dead_letters(identity, message_id);
+"""),
 )

@@ -20,7 +20,6 @@ import ray
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
-    DeadlineExceededError,
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
@@ -70,6 +69,8 @@ DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
 HOST_NAME_PREFIX = "rayfleet-host-"
 SPAWN_BATCH = 5_000
+REPLAY_LETTER_SCAN = 1_000_000
+"""Dead letters of one identity read to find a replay's new letter (replays are rare, operator-driven)."""
 """Specs per ledger transaction in ``spawn_many``."""
 
 
@@ -78,7 +79,8 @@ class FleetConfig:
     """How a fleet is deployed. Built by :func:`connect`; every field has a default."""
 
     address: str | None = None
-    """Ray address; ``None`` uses ``RAY_ADDRESS`` or starts a local Ray."""
+    """Ray address; ``None`` uses ``RAY_ADDRESS``, else a cluster ``ray start`` left on this machine
+    (as ``ray.init()`` finds it), else starts a local Ray."""
     storage: str = DEFAULT_STORAGE
     """Folder or ``pyarrow.fs`` URI (``s3://bucket/prefix?...``) for snapshots and large journal
     outputs, and for the SQLite ledger when it is a local folder."""
@@ -139,7 +141,9 @@ def connect(
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
-    ``address=None`` uses ``RAY_ADDRESS`` when set, else starts a local Ray;
+    ``address=None`` uses ``RAY_ADDRESS`` when set, else attaches to a cluster a ``ray start``
+    on this machine left (as ``ray.init()`` finds it), else starts a local Ray; only in that
+    last case does :meth:`Fleet.shutdown` stop the fleet's actors by default;
     ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``.
     ``ledger=None`` uses ``RAYFLEET_LEDGER`` when set, else a SQLite file in the
     storage folder; ``ledger="postgresql://..."`` puts the ledger in PostgreSQL, which
@@ -186,7 +190,11 @@ class Fleet:
                          include_dashboard=None if config.address else False)
             except ConnectionError as error:
                 raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
-            self._started_ray = config.address is None
+            # Recorded from what ray.init did, never inferred from the address: with no
+            # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
+            # the address file a `ray start` on this machine wrote), and that cluster's
+            # fleet must outlive this driver.
+            self._started_ray = _started_local_ray()
         self.storage = _absolute_storage(config.storage)
         self.ledger_location = config.ledger_location(self.storage)
         """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
@@ -207,6 +215,11 @@ class Fleet:
         self.runs = RunsClient(self._ledger, self._runner)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
         self._ensure_hosts()
+
+    @property
+    def started_ray(self) -> bool:
+        """Whether this driver started the Ray it is connected to (then :meth:`shutdown` stops it)."""
+        return self._started_ray
 
     # -- hosts ----------------------------------------------------------------------
 
@@ -485,25 +498,41 @@ class Fleet:
     def replay_dead_letter(self, letter_id: int, *, timeout: float | None = None) -> Any:
         """Send a dead letter's original message again and return the reply.
 
-        The letter is removed once the message has been delivered, whatever the
-        outcome: if it fails again, the host records a new dead letter for it.
+        The message goes out as it was sent (same id, arguments and idempotency key, so
+        a keyed effect that did happen is not repeated) but without its deadline:
+        replaying is the decision to run it now, and the old deadline would only
+        expire it again. The letter is removed when the replay was handled, or when it
+        failed and the host recorded a new dead letter for it (so exactly one letter
+        remains). When the replay was refused before any handling (the identity is
+        retired, the handler is gone, the lease moved, ...) or its outcome is unknown
+        (no reply within ``timeout``), the letter stays, and the error is raised.
 
         Raises:
             UnknownDeadLetterError: no dead letter has ``letter_id`` (perhaps already replayed).
+            DeadlineExceededError: no reply within ``timeout`` (the letter stays; the request
+                is cancelled, best effort, so the message may still have run).
+            InvalidStateError, UnknownHandlerError, NotAddressableError, LeaseLostError,
+            FleetUnavailableError, HandlerError, ...: the replay's own failure.
         """
         letter = self._ledger.dead_letter(letter_id).result()
         if letter is None:
             raise UnknownDeadLetterError(letter_id=letter_id)
-        envelope: Envelope = cloudpickle.loads(letter.envelope)
+        envelope: Envelope = dataclasses.replace(cloudpickle.loads(letter.envelope), deadline=None)
         try:
             reply = send(self._courier, envelope, timeout=timeout)
-        except (FleetUnavailableError, DeadlineExceededError):
-            raise  # perhaps never delivered: the letter stays
         except RayfleetError:
-            self._ledger.purge_dead_letters(ids=[letter_id]).result()
+            if self._dead_lettered_since(letter.identity, envelope.message_id, letter_id):
+                self._ledger.purge_dead_letters(ids=[letter_id]).result()
             raise
         self._ledger.purge_dead_letters(ids=[letter_id]).result()
         return reply
+
+    def _dead_lettered_since(self, identity: str, message_id: str, letter_id: int) -> bool:
+        """Whether the message has a dead letter newer than ``letter_id`` (its replay failed and was recorded)."""
+        # The ledger is asked rather than the error's type trusted: a host whose own
+        # dead-letter write failed raises the same error without leaving a letter.
+        letters = self._ledger.dead_letters(identity=identity, limit=REPLAY_LETTER_SCAN).result()
+        return any(item.id > letter_id and item.message_id == message_id for item in letters)
 
     def purge_dead_letters(
         self, identity: str | None = None, *, ids: list[int] | None = None, before: float | None = None
@@ -639,8 +668,12 @@ class Fleet:
     # -- shutdown -------------------------------------------------------------------
 
     def shutdown(self, *, stop_actors: bool | None = None) -> None:
-        """Disconnect; with ``stop_actors`` (default: when this driver started Ray) also
-        checkpoint every agent and stop the fleet's actors. A second call does nothing."""
+        """Disconnect; with ``stop_actors`` also checkpoint every agent and stop the fleet's actors.
+
+        ``stop_actors`` defaults to :attr:`started_ray`: a driver that attached to a running
+        cluster leaves the fleet there running, and one that started its own Ray stops the
+        actors gracefully before that Ray ends with it. A second call does nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -668,6 +701,17 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _started_local_ray() -> bool:
+    """Whether the ``ray.init`` this process just made started a new local Ray (a head node).
+
+    Attaching to an existing cluster makes a connect-only, non-head node. Ray has no
+    public flag for this; if its internals change, the answer is ``False``, so a fleet
+    is never stopped by a driver that cannot tell it started the Ray under it.
+    """
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(getattr(node, "head", False))
 
 
 def spec_record(spec: AgentSpec) -> SpecRecord:

@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import cloudpickle
 import ray
 
 from ..checkpoints._store import SnapshotStore
-from ..errors import InvalidSpecError, RayfleetError
+from ..errors import (
+    DeadlineExceededError,
+    FleetUnavailableError,
+    HandlerError,
+    InvalidArgumentsError,
+    InvalidSpecError,
+    LeaseLostError,
+    LedgerError,
+    PeerCycleError,
+    RayfleetError,
+    StaleFencingTokenError,
+    UnknownHandlerError,
+    is_retryable,
+)
 from ..host._events import EventSubscription
-from ..host._messages import Envelope
+from ..host._messages import DeadLetterReason, Envelope
 from ..host._runtime import (
     DrainReport,
     HostDraining,
@@ -24,7 +41,9 @@ from ..host._runtime import (
     holder_host,
 )
 from ..identity._values import IdentityEvent
+from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
+from ..retry import RetryPolicy
 from ._ledger_client import connect_ledger
 from ._routing import (
     ERROR,
@@ -41,10 +60,57 @@ from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_
 log = logging.getLogger("rayfleet.host")
 
 SUBSCRIPTION_IDLE_TIMEOUT = 60.0
+TELL_KEY_PREFIX = "tell:"
+TELL_SWEEP_BATCH = 100
+"""Held tells one sweep claims; a sweep runs every third of the redelivery age (the lease TTL)."""
+START_RETRY = RetryPolicy(max_attempts=1, base_delay=0.1, max_delay=2.0, jitter=0.0)
+"""After a failed start, the wait before a request may try again (doubling per failure, capped)."""
+
+
+PEER_SEND_TIMEOUT = 300.0
+"""Seconds a peer send waits for its reply when the calling turn has no deadline of its own."""
+
+_CURRENT_TURN: contextvars.ContextVar[Envelope | None] = contextvars.ContextVar("rayfleet_current_turn", default=None)
+"""The message whose turn runs in this task: a handler's peer sends extend its chain and keep its deadline."""
+
+
+def _tell_outcome(error: BaseException) -> DeadLetterReason | None:
+    """How a failed tell delivery ends: the dead-letter reason if it was handled for good, ``None`` if not.
+
+    Not handled (the tell stays held): anything that may pass on another try, such as a
+    dead host, a moved lease, an unreachable ledger or fleet, or an error that is not rayfleet's.
+    """
+    if isinstance(error, HandlerError):
+        return DeadLetterReason.RETRIES_EXHAUSTED if error.raised_retryable else DeadLetterReason.REJECTED
+    if isinstance(error, (InvalidArgumentsError, UnknownHandlerError)):
+        return DeadLetterReason.DECODE_FAILED
+    if isinstance(error, DeadlineExceededError):
+        return DeadLetterReason.DEADLINE_EXCEEDED  # a tell has no timeout: only the host's deadline gate says this
+    if isinstance(error, StaleFencingTokenError):
+        return DeadLetterReason.STALE_FENCE
+    if not isinstance(error, RayfleetError) or isinstance(error, (LeaseLostError, FleetUnavailableError, LedgerError)):
+        return None
+    return None if is_retryable(error) else DeadLetterReason.REJECTED
+
+
+async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> Any:
+    """Deliver ``envelope`` here with it marked as this task's current turn (for the handler's sends)."""
+    token = _CURRENT_TURN.set(envelope)
+    try:
+        return await runtime.deliver_envelope(envelope)
+    finally:
+        _CURRENT_TURN.reset(token)
 
 
 class _HostRouter:
-    """How agents on this host reach other agents: locally when possible, else via Ray."""
+    """How agents on this host reach other agents: locally when possible, else via Ray.
+
+    A send carries the chain of agents whose turns wait on it. One whose target is in
+    that chain is refused with ``PeerCycleError`` before it is sent, since it could
+    never be answered. A send waits at most until the calling turn's deadline (which
+    the message carries on, so the target drops it if it comes too late), or
+    :data:`PEER_SEND_TIMEOUT` without one, then raises ``DeadlineExceededError``.
+    """
 
     def __init__(self, host: AgentHost) -> None:
         self._host = host
@@ -56,11 +122,28 @@ class _HostRouter:
                 f"Call the method directly on self instead",
                 field="target",
             )
-        envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender)
+        calling = _CURRENT_TURN.get()
+        if calling is not None and calling.target != sender:
+            calling = None  # not this sender's turn (e.g. a task the handler started): no chain known
+        chain = (*(calling.chain if calling else ()), sender)
+        if target in chain:
+            raise PeerCycleError(cycle=(*chain[chain.index(target):], target), method=method)
+        deadline = calling.deadline if calling else None
+        timeout = PEER_SEND_TIMEOUT if deadline is None else min(deadline - time.time(), PEER_SEND_TIMEOUT)
+        if timeout <= 0:
+            raise DeadlineExceededError(identity=target, method=method, timeout=0.0)
+        envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender, deadline=deadline,
+                            chain=chain)
+        try:
+            return await asyncio.wait_for(self._send(envelope), timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
+
+    async def _send(self, envelope: Envelope) -> Any:
         runtime = self._host.runtime
-        if runtime.is_active(target):
-            return (await runtime.deliver_envelope(envelope)).value
-        return await self._host.courier.route_async(target, deliver_request(envelope), method=method)
+        if runtime.is_active(envelope.target):
+            return (await _deliver_as_turn(runtime, envelope)).value
+        return await self._host.courier.route_async(envelope.target, deliver_request(envelope), method=envelope.method)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -83,42 +166,100 @@ class AgentHost:
         self._idle_timeout = idle_timeout
         self.runtime: HostRuntime
         self.courier: Courier
-        self._started: asyncio.Future[None] | None = None
+        self._running = False
+        self._starting: asyncio.Task[None] | None = None
+        self._start_failure: Exception | None = None
+        self._start_failures = 0
+        self._retry_start_at = 0.0
+        self._tell_redelivery_after = lease_ttl
+        self._forwarding: set[str] = set()
+        self._tell_tasks: set[asyncio.Task[None]] = set()
+        self._tell_sweeper: asyncio.Task[None] | None = None
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
         self._node_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
-        """Connect to the ledger, start the runtime and register; returns the lease holder id."""
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_future()
-            try:
-                ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
-                self.courier = Courier(
-                    HostDirectory(self.namespace), ledger, probe_interval=probe_interval_for(self._lease_ttl)
-                )
-                self.runtime = HostRuntime(
-                    name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
-                    lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
-                )
-                await self.runtime.start()
-                await ledger.register_host(name=self.name, holder=self.runtime.holder)
-                drain_on_sigterm(asyncio.get_running_loop(), self._drain_before_exit)
-                self._node_watch = asyncio.get_running_loop().create_task(self._watch_node_drain())
-                await self.courier.refresh_async()
-                self._started.set_result(None)
-            except BaseException as error:
-                self._started.set_exception(error)
-                raise
-        await self._started
+        """Connect to the ledger, start the runtime and register; returns the lease holder id.
+
+        Concurrent calls share one attempt. A failed start is not the host's fate: what
+        the attempt started is stopped again, and a later call tries anew, though no
+        sooner than :data:`START_RETRY` allows after the last failure (until then a
+        call fails at once with that failure's error).
+
+        Raises:
+            FleetUnavailableError, LedgerUnavailableError, or whatever else the attempt
+            raised (e.g. the fleet's ledger actor does not exist yet).
+        """
+        if self._running:
+            return self.runtime.holder
+        if self._starting is None:
+            if self._start_failure is not None and time.monotonic() < self._retry_start_at:
+                raise self._start_failure
+            self._starting = asyncio.get_running_loop().create_task(self._start_once())
+        starting = self._starting
+        try:
+            # Shielded: a caller that gives up does not cancel the attempt others wait on.
+            await asyncio.shield(starting)
+        finally:
+            if starting.done() and self._starting is starting:
+                self._starting = None
         return self.runtime.holder
 
-    async def _serve(self, work: Awaitable[Any]) -> tuple[str, Any]:
-        if self._started is None:
-            await self.start()
-        else:
-            await self._started
+    async def _start_once(self) -> None:
         try:
-            return OK, await work
+            ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
+            courier = Courier(HostDirectory(self.namespace), ledger, probe_interval=probe_interval_for(self._lease_ttl))
+            self.courier = courier  # the runtime's router sends through it
+            runtime = HostRuntime(
+                name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
+                lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
+            )
+            try:
+                await runtime.start()
+                await ledger.register_host(name=self.name, holder=runtime.holder)
+                await courier.refresh_async()
+            except BaseException:
+                # Nothing of a failed attempt keeps running (renewal loop, committer, pool).
+                with contextlib.suppress(Exception):
+                    await runtime.shutdown(checkpoint=False)
+                if isinstance(ledger, LocalLedgerClient):
+                    ledger.close()
+                raise
+        except Exception as error:
+            self._start_failures += 1
+            self._start_failure = error
+            self._retry_start_at = time.monotonic() + START_RETRY.delay_for(self._start_failures - 1)
+            log.warning("%s could not start (attempt %d; a later request tries again): %s",
+                        self.name, self._start_failures, error)
+            raise
+        self.runtime = runtime
+        self._running = True
+        # Installed once, by the attempt that succeeded: a failed attempt leaves none behind.
+        loop = asyncio.get_running_loop()
+        drain_on_sigterm(loop, self._drain_before_exit)
+        self._node_watch = loop.create_task(self._watch_node_drain())
+        self._tell_sweeper = loop.create_task(self._sweep_tells(), name=f"{self.name}-tells")
+        self._start_failure = None
+        self._start_failures = 0
+
+    def _start_error(self, error: Exception) -> FleetUnavailableError:
+        return FleetUnavailableError(
+            detail=f"host {self.name} could not start ({type(error).__name__}: {error}); it tries again on "
+            f"the next request, so retry shortly"
+        )
+
+    async def _serve(self, work: Callable[[], Awaitable[Any]]) -> tuple[str, Any]:
+        """Start if needed, then run ``work()`` and answer ``(kind, payload)``.
+
+        While the host cannot start, the answer is a retryable ``FleetUnavailableError``
+        naming the cause; ``work`` is made only once the runtime exists.
+        """
+        try:
+            await self.start()
+        except Exception as error:  # noqa: BLE001 - answered as a typed error; a later request starts again
+            return ERROR, self._start_error(error)
+        try:
+            return OK, await work()
         except OwnedElsewhere as signal:
             return REDIRECT, holder_host(signal.holder)
         except HostDraining:
@@ -141,9 +282,9 @@ class AgentHost:
             )
 
         async def turn() -> Any:
-            return (await self.runtime.deliver_envelope(envelope)).value
+            return (await _deliver_as_turn(self.runtime, envelope)).value
 
-        return await self._serve(turn())
+        return await self._serve(turn)
 
     async def dispatch(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         """Like :meth:`deliver`, but the reply carries the turn's usage: ``(value, Usage)``."""
@@ -151,58 +292,115 @@ class AgentHost:
             return await self.deliver(identity, envelope)
 
         async def turn() -> Any:
-            result = await self.runtime.deliver_envelope(envelope)
+            result = await _deliver_as_turn(self.runtime, envelope)
             return result.value, result.usage
 
-        return await self._serve(turn())
+        return await self._serve(turn)
 
     async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
-        """Fire-and-forget: accept at once, deliver in the background (forwarding if owned elsewhere).
+        """Fire-and-forget: hold the message durably, answer, then deliver it in the background.
 
-        Failures are dead-lettered by the host that runs the turn, so nothing is lost silently.
+        The sender's answer comes only once the ledger holds the message; if it cannot,
+        the answer is that error and nothing was accepted. The held message is forgotten
+        only when its turn was handled: committed, or dead-lettered (a letter is made
+        sure of in the same ledger transaction). A refusal that will never pass (retired
+        identity, unknown handler, ...) is dead-lettered too, since nobody waits to hear
+        it. A delivery that ends any other way (this host dies, the lease moves, the
+        ledger is unreachable, the dead letter cannot be written) leaves the message
+        held, and a host's sweep delivers it again once nobody has attempted it for one
+        lease TTL. The message carries an idempotency key (its own, else
+        ``tell:<message id>``), so a second delivery of a handled tell has no second effect.
         """
-
-        async def forward() -> None:
-            try:
-                await self.courier.route_async(identity, deliver_request(envelope), method=envelope.method)
-            except Exception as error:  # noqa: BLE001 - nobody waits for a tell; the owner dead-letters real failures
-                log.warning("tell %s.%s failed: %s", identity, envelope.method, error)
-
-        asyncio.get_running_loop().create_task(forward())
+        if not isinstance(envelope, Envelope) or envelope.target != identity:
+            return await self.deliver(identity, envelope)
+        try:
+            await self.start()
+        except Exception as error:  # noqa: BLE001 - the same typed answer as every other request
+            return ERROR, self._start_error(error)
+        if envelope.idempotency_key is None:
+            envelope = dataclasses.replace(envelope, idempotency_key=f"{TELL_KEY_PREFIX}{envelope.message_id}")
+        try:
+            await self.courier.ledger.hold_tell(identity=identity, message_id=envelope.message_id,
+                                                envelope=cloudpickle.dumps(envelope))
+        except RayfleetError as error:
+            return ERROR, error
+        except Exception as error:  # noqa: BLE001 - e.g. the ledger actor restarting: not accepted, say so
+            return ERROR, FleetUnavailableError(detail=f"the ledger could not hold the tell ({error}); send it again")
+        self._forward_tell(envelope)
         return OK, None
 
+    def _forward_tell(self, envelope: Envelope) -> None:
+        if envelope.message_id in self._forwarding:
+            return  # already on its way from this host
+        self._forwarding.add(envelope.message_id)
+        task = asyncio.get_running_loop().create_task(self._deliver_tell(envelope))
+        self._tell_tasks.add(task)
+        task.add_done_callback(self._tell_tasks.discard)
+
+    async def _deliver_tell(self, envelope: Envelope) -> None:
+        """Deliver one held tell to its owner and settle it if handled; otherwise it stays held."""
+        identity, method = envelope.target, envelope.method
+        try:
+            try:
+                await self.courier.route_async(identity, deliver_request(envelope), method=method)
+                reason, text = None, ""
+            except Exception as error:  # noqa: BLE001 - sorted below: handled (settle) or not (stay held)
+                reason, text = _tell_outcome(error), str(error)
+                if reason is None:
+                    log.warning("tell %s.%s not delivered yet (held for redelivery): %s", identity, method, error)
+                    return
+            await self.courier.ledger.settle_tell(identity=identity, message_id=envelope.message_id,
+                                                  reason=None if reason is None else reason.value, error=text)
+        except Exception as error:  # noqa: BLE001 - the tell stays held; the sweep delivers it again
+            log.warning("tell %s.%s could not be settled (held for redelivery): %s", identity, method, error)
+        finally:
+            self._forwarding.discard(envelope.message_id)
+
+    async def _sweep_tells(self) -> None:
+        """Deliver held tells nobody has attempted for a while (their accepting host died, say)."""
+        while True:
+            await asyncio.sleep(self._tell_redelivery_after / 3)
+            try:
+                claimed = await self.courier.ledger.claim_tells(min_age=self._tell_redelivery_after,
+                                                                limit=TELL_SWEEP_BATCH)
+            except Exception as error:  # noqa: BLE001 - try again next round
+                log.warning("%s could not read held tells: %s", self.name, error)
+                continue
+            for stored in claimed:
+                self._forward_tell(cloudpickle.loads(stored.envelope))
+
     async def activate(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.activate(identity))
+        return await self._serve(lambda: self.runtime.activate(identity))
 
     # -- lifecycle operations: each is fenced by the runtime before it has any effect
 
     async def retire(self, identity: str) -> tuple[str, Any]:
         """Reply: the fencing token the retirement was written with."""
-        return await self._serve(self.runtime.retire(identity))
+        return await self._serve(lambda: self.runtime.retire(identity))
 
     async def respawn(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.respawn(identity))
+        return await self._serve(lambda: self.runtime.respawn(identity))
 
     async def reset(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.reset(identity))
+        return await self._serve(lambda: self.runtime.reset(identity))
 
     async def delete(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.delete(identity))
+        return await self._serve(lambda: self.runtime.delete(identity))
 
     async def deactivate(self, identity: str) -> tuple[str, Any]:
         """Reply: whether the agent was active."""
-        return await self._serve(self.runtime.deactivate(identity))
+        return await self._serve(lambda: self.runtime.deactivate(identity))
 
     async def pause(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(self.runtime.pause(identity))
+        return await self._serve(lambda: self.runtime.pause(identity))
 
     async def resume(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were replayed."""
-        return await self._serve(self.runtime.resume(identity))
+        return await self._serve(lambda: self.runtime.resume(identity))
 
     async def cancel_parked(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were dead-lettered."""
-        return await self._serve(self.runtime.cancel_parked(identity))
+        return await self._serve(lambda: self.runtime.cancel_parked(identity))
 
     async def drain(self, timeout: float) -> DrainReport:
         """Stop new activations, then move every agent off this host within ``timeout`` seconds.
@@ -221,7 +419,7 @@ class AgentHost:
 
     async def _drain_before_exit(self, timeout: float) -> None:
         """SIGTERM: drain, then leave the host list so nobody routes here while the process exits."""
-        if self._started is None or not self._started.done() or self._started.exception() is not None:
+        if not self._running:
             return
         report = await self.drain(timeout)
         log.warning("%s drained before exit: %s", self.name, report)

@@ -229,6 +229,15 @@ class LedgerActor:
     def add_dead_letter(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.add_dead_letter, args, kwargs)
 
+    def hold_tell(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.hold_tell, args, kwargs)
+
+    def claim_tells(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.claim_tells, args, kwargs)
+
+    def settle_tell(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.settle_tell, args, kwargs)
+
     def dead_letters(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.dead_letters, args, kwargs)
 
@@ -450,6 +459,18 @@ class RayLedgerClient:
         return _RayCall(self.actor.add_dead_letter.remote(
             identity=identity, message_id=message_id, envelope=envelope, reason=reason, error=error, attempts=attempts
         ))
+
+    def hold_tell(self, *, identity: str, message_id: str, envelope: bytes) -> LedgerCall[int]:
+        return _RayCall(self.actor.hold_tell.remote(identity=identity, message_id=message_id, envelope=envelope))
+
+    def claim_tells(self, *, min_age: float, limit: int = 100) -> LedgerCall[list[StoredMessage]]:
+        return _RayCall(self.actor.claim_tells.remote(min_age=min_age, limit=limit))
+
+    def settle_tell(
+        self, *, identity: str, message_id: str, reason: str | None = None, error: str = ""
+    ) -> LedgerCall[bool]:
+        return _RayCall(self.actor.settle_tell.remote(identity=identity, message_id=message_id, reason=reason,
+                                                      error=error))
 
     def dead_letters(self, *, identity: str | None = None, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
         return _RayCall(self.actor.dead_letters.remote(identity=identity, limit=limit))

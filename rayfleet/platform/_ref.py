@@ -126,7 +126,18 @@ class AgentRef:
         fence: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Send without waiting for the turn; failures go to the dead-letter log."""
+        """Send without waiting for the turn; returns once the ledger holds the message.
+
+        A held message is delivered at least once and has its effect once: it carries an
+        idempotency key (``idempotency_key``, else ``tell:<message id>``), and it stays
+        held until its turn was committed or it was dead-lettered, so a host dying
+        before or during the turn only delays it (by about one lease TTL). Failures,
+        including refusals such as a retired identity, go to the dead-letter log.
+
+        Raises:
+            FleetUnavailableError, LedgerUnavailableError: the message was not accepted; send it again.
+            InvalidSpecError: the message is malformed.
+        """
         envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
                                  conversation=conversation, fence=fence)
         self._courier.route_sync(self.identity, tell_request(envelope), method=envelope.method)

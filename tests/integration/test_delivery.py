@@ -9,6 +9,8 @@ live in files under the test's tmp dir (hosts are separate processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 import ray
 from ray_helpers import kill_actor
@@ -77,6 +80,14 @@ class Account(rf.Agent):
     @rf.handler
     def poison(self, payload: str) -> None:
         raise KeyError(f"cannot handle {payload}")
+
+    @rf.handler
+    async def hold(self, started: str, release: str) -> str:
+        """Holds the turn until the file ``release`` exists; writes ``started`` first."""
+        Path(started).write_text("holding")
+        while not Path(release).exists():
+            await asyncio.sleep(0.05)
+        return "released"
 
     @rf.handler
     def touch(self, path: str) -> str:
@@ -343,6 +354,52 @@ def test_replay_dead_letter_and_purge_with_filters(fleet: rf.Fleet, tmp_path: Pa
     assert fleet.dead_letters() == []
 
 
+def test_replay_that_is_not_handled_keeps_the_letter(fleet: rf.Fleet, tmp_path: Path) -> None:
+    identity = "replay/kept"
+    ref = spawn(fleet, identity)
+    flag = tmp_path / "outage.flag"
+    flag.write_text("down")
+    with pytest.raises(rf.HandlerError):
+        ref.call("add_unless_flag", n=5, flag=str(flag))
+    [letter] = letters_of(fleet, identity)
+    flag.unlink()
+    # A retired identity refuses the replay without dead-lettering it again: the letter
+    # is the only copy of the message left, so it must stay.
+    fleet.retire(identity)
+    with pytest.raises(rf.InvalidStateError):
+        fleet.replay_dead_letter(letter.id, timeout=60)
+    assert [kept.id for kept in letters_of(fleet, identity)] == [letter.id]
+    fleet.respawn(identity)
+    assert fleet.replay_dead_letter(letter.id, timeout=60) == 5
+    assert letters_of(fleet, identity) == []
+
+
+def test_replay_that_fails_again_leaves_only_the_new_letter(fleet: rf.Fleet) -> None:
+    identity = "replay/again"
+    ref = spawn(fleet, identity)
+    with pytest.raises(rf.HandlerError):
+        ref.call("poison", payload="p")
+    [first] = letters_of(fleet, identity)
+    with pytest.raises(rf.HandlerError):
+        fleet.replay_dead_letter(first.id, timeout=60)
+    [second] = letters_of(fleet, identity)
+    assert second.id != first.id and second.reason is rf.DeadLetterReason.REJECTED
+    assert second.envelope.kwargs == {"payload": "p"}
+
+
+def test_replayed_deadline_letter_runs_instead_of_expiring_again(fleet: rf.Fleet) -> None:
+    identity = "replay/late"
+    ref = spawn(fleet, identity)
+    with pytest.raises(rf.DeadlineExceededError):
+        ref.call("add", n=3, deadline=time.time() - 1)
+    [letter] = letters_of(fleet, identity)
+    assert letter.reason is rf.DeadLetterReason.DEADLINE_EXCEEDED
+    # Replaying is the operator's decision to run it now: the old deadline no longer applies.
+    assert fleet.replay_dead_letter(letter.id, timeout=60) == 3
+    assert letters_of(fleet, identity) == []
+    assert ref.call("get")["total"] == 3
+
+
 # -- 8. pause, park 100, failover, resume ------------------------------------------------
 
 
@@ -370,6 +427,79 @@ def test_parked_messages_survive_host_kill_and_replay_in_order(fleet: rf.Fleet) 
     assert ref.call("get", timeout=60)["seqs"] == list(range(100))
     assert ref.call("record", seq=100, timeout=60) == 101  # new work flows again
     assert letters_of(fleet, identity) == []
+
+
+@pytest.mark.timeout(180)
+def test_tell_accepted_by_a_host_killed_before_running_it_is_delivered_once(make_fleet: Any, tmp_path: Path) -> None:
+    fleet: rf.Fleet = make_fleet(lease_ttl=4.0)
+    identity = "tell/durable"
+    ref = spawn(fleet, identity)
+    started, release = tmp_path / "started", tmp_path / "release"
+    with ThreadPoolExecutor(1) as pool:
+        # The agent's turn is held, so the tell its host accepts waits behind it.
+        holding = pool.submit(ref.call, "hold", started=str(started), release=str(release), timeout=120)
+        eventually(started.exists, "the holding turn to start")
+        owner = fleet.status(identity).host
+        ref.tell("add", n=7, note="told")
+        killed = kill_owner(fleet, identity)
+        assert killed == owner
+        release.write_text("go")
+        assert holding.result() == "released"  # re-routed to the surviving host
+    # Another host delivers the held tell once the dead one can no longer be expected to.
+    eventually(lambda: ref.call("get", timeout=60)["total"] == 7, "the told add to run", timeout=90)
+    state = ref.call("get", timeout=60)
+    assert state["total"] == 7 and state["notes"] == ["told"]
+    assert letters_of(fleet, identity) == []
+
+
+REFUSE_LETTERS = {
+    "sqlite": ["CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters "
+               "BEGIN SELECT RAISE(ABORT, 'dead letters refused by the test'); END"],
+    "postgresql": ["CREATE FUNCTION refuse_letters() RETURNS trigger LANGUAGE plpgsql AS "
+                   "$$ BEGIN RAISE EXCEPTION 'dead letters refused by the test'; END $$",
+                   "CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters "
+                   "FOR EACH ROW EXECUTE FUNCTION refuse_letters()"],
+}
+ALLOW_LETTERS = {"sqlite": ["DROP TRIGGER refuse_letters"],
+                 "postgresql": ["DROP TRIGGER refuse_letters ON dead_letters"]}
+
+
+def ledger_sql(fleet: rf.Fleet, statements: list[str]) -> None:
+    """Run SQL on the fleet's ledger database itself, as an operator (or a failing disk) would act on it."""
+    location = fleet.ledger_location
+    if location.kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(location.path, timeout=30)) as db:
+            for statement in statements:
+                db.execute(statement)
+            db.commit()
+    else:
+        with psycopg.connect(location.url, autocommit=True) as db:
+            for statement in statements:
+                db.execute(statement)  # type: ignore[call-overload]
+
+
+def dead_letter_attempts(fleet: rf.Fleet) -> int:
+    """Dead letters the hosts tried to record, written or not."""
+    return sum(host.dead_letters for host in fleet.host_statistics())
+
+
+@pytest.mark.timeout(240)
+def test_tell_whose_dead_letter_cannot_be_written_stays_held_until_it_can(make_any_fleet: Any,
+                                                                         ledger_kind: str) -> None:
+    fleet: rf.Fleet = make_any_fleet(lease_ttl=4.0)
+    identity = "tell/poison"
+    ref = spawn(fleet, identity)
+    assert ref.call("add", n=1, timeout=60) == 1
+    ledger_sql(fleet, REFUSE_LETTERS[ledger_kind])
+    ref.tell("poison", payload="p1")
+    # The handler fails and its dead letter cannot be written. The tell must not be
+    # forgotten: a second attempt (a redelivery from the ledger) proves it is still held.
+    eventually(lambda: dead_letter_attempts(fleet) >= 2, "the tell to be delivered again", timeout=90)
+    assert letters_of(fleet, identity) == []
+    ledger_sql(fleet, ALLOW_LETTERS[ledger_kind])
+    [letter] = eventually(lambda: letters_of(fleet, identity), "the tell's dead letter", timeout=90)
+    assert letter.envelope.kwargs == {"payload": "p1"} and letter.reason is rf.DeadLetterReason.REJECTED
+    assert ref.call("add", n=1, timeout=60) == 2  # the agent serves throughout
 
 
 # -- 9. calls to a paused agent; cancelling parked work ------------------------------------

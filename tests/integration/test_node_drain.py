@@ -7,6 +7,7 @@ subprocess. It tears the cluster down by killing only the processes it started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -135,8 +136,6 @@ def _kill_cluster(temp_dir: Path) -> None:
             mine.append(int(entry.name))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in mine:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         time.sleep(1.0)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
 
 import rayfleet as rf
@@ -54,3 +58,60 @@ def test_a_handler_cannot_wait_on_its_own_turn(fleet: rf.Fleet) -> None:
     planner = fleet.spawn("team/solo", Planner)
     with pytest.raises(rf.HandlerError, match="itself"):
         planner.call("talk_to_self")
+
+
+class Bouncer(rf.Agent):
+    class State(rf.State):
+        bounces: int = 0
+
+    @rf.handler
+    async def bounce(self, to: str, hops: int) -> int:
+        """Sends ``hops`` more bounces back and forth with ``to``, each waiting for the next."""
+        self.state.bounces += 1
+        if hops == 0:
+            return 0
+        return 1 + int(await self.send(to, "bounce", to=self.identity, hops=hops - 1))
+
+    @rf.handler
+    async def wait_for(self, to: str, flag: str) -> str:
+        try:
+            await self.send(to, "hold", flag=flag)
+        except rf.DeadlineExceededError as error:
+            return f"gave up: {error.method}"
+        return "answered"
+
+    @rf.handler
+    async def hold(self, flag: str) -> str:
+        while not Path(flag).exists():
+            await asyncio.sleep(0.05)
+        return "released"
+
+    @rf.handler
+    async def count(self) -> int:
+        return self.state.bounces
+
+
+@pytest.mark.timeout(120)
+def test_a_send_back_into_a_waiting_caller_is_refused_and_both_keep_serving(fleet: rf.Fleet) -> None:
+    a = fleet.spawn("loop/a", Bouncer)
+    b = fleet.spawn("loop/b", Bouncer)
+    assert a.call("bounce", to="loop/b", hops=1, timeout=60) == 1  # a -> b and back: no cycle
+    # a -> b -> a: a's turn waits on b, whose handler would wait on a's next turn forever.
+    with pytest.raises(rf.HandlerError) as refused:
+        a.call("bounce", to="loop/b", hops=2, timeout=60)
+    assert "PeerCycleError" in refused.value.remote_message
+    assert "loop/a -> loop/b -> loop/a" in refused.value.remote_message
+    # Both failed turns rolled back; both agents serve again.
+    assert a.call("count", timeout=60) == 1 and b.call("count", timeout=60) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_send_gives_up_at_the_calling_turns_deadline(fleet: rf.Fleet, tmp_path: Path) -> None:
+    a = fleet.spawn("slow/a", Bouncer)
+    b = fleet.spawn("slow/b", Bouncer)
+    flag = tmp_path / "release.flag"
+    reply = a.call("wait_for", to="slow/b", flag=str(flag), deadline=time.time() + 2, timeout=60)
+    assert reply == "gave up: hold"
+    flag.write_text("go")
+    assert b.call("hold", flag=str(flag), timeout=60) == "released"
+    assert a.call("count", timeout=60) == 0

@@ -30,6 +30,7 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
     rf.DeliveryError: [
         rf.NotAddressableError(identity="a"),
         rf.NotWiredError(sender="a", target="b"),
+        rf.PeerCycleError(cycle=("a", "b", "a"), method="m"),
         rf.UnknownHandlerError(identity="a", method="m", available=()),
         rf.InvalidArgumentsError(identity="a", method="m", detail="n: missing"),
         rf.HandlerError(identity="a", method="m", remote_type="builtins.ValueError", remote_message="no",

@@ -96,6 +96,8 @@ def test_dedup_key_is_scoped_by_sender() -> None:
         ({"deadline": "soon"}, "deadline must be"),
         ({"fence": -1, "conversation": "c"}, "fence must be a non-negative integer"),
         ({"fence": 3}, "a fence needs a conversation"),
+        ({"chain": ["a"]}, "chain must be a tuple of identities"),
+        ({"chain": ("a", "")}, "chain must be a tuple of identities"),
     ],
 )
 def test_malformed_envelopes_are_refused_with_the_reason(fields: dict[str, object], problem: str) -> None:

@@ -1369,6 +1369,30 @@ def test_a_store_written_by_a_newer_rayfleet_is_refused(backend, clock, ledger):
     assert caught.value.found == 99 and "upgrade rayfleet" in str(caught.value)
 
 
+def test_held_tells_are_claimed_once_per_age_and_settled_into_at_most_one_letter(ledger, clock):
+    register(ledger, "t")
+    assert ledger.hold_tell(identity="t", message_id="m1", envelope=b"e1") == ledger.hold_tell(
+        identity="t", message_id="m1", envelope=b"other")  # the same message twice is held once
+    ledger.hold_tell(identity="t", message_id="m2", envelope=b"e2")
+    assert ledger.claim_tells(min_age=5.0) == []  # just accepted: its first delivery is under way
+    clock.advance(6.0)
+    assert [(m.message_id, m.envelope) for m in ledger.claim_tells(min_age=5.0)] == [("m1", b"e1"), ("m2", b"e2")]
+    assert ledger.claim_tells(min_age=5.0) == []  # claimed: no other sweeper takes them now
+    clock.advance(6.0)
+    assert [m.message_id for m in ledger.claim_tells(min_age=5.0, limit=1)] == ["m1"]
+
+    assert ledger.settle_tell(identity="t", message_id="m1") is True
+    assert ledger.settle_tell(identity="t", message_id="m1") is False
+    ledger.add_dead_letter(identity="t", message_id="m2", envelope=b"e2", reason="REJECTED", error="boom", attempts=1)
+    assert ledger.settle_tell(identity="t", message_id="m2", reason="REJECTED", error="again") is True
+    assert [(d.message_id, d.error) for d in ledger.dead_letters(identity="t")] == [("m2", "boom")]
+    ledger.hold_tell(identity="t", message_id="m3", envelope=b"e3")
+    assert ledger.settle_tell(identity="t", message_id="m3", reason="REJECTED", error="retired") is True
+    assert [(d.message_id, d.envelope) for d in ledger.dead_letters(identity="t")][1:] == [("m3", b"e3")]
+    clock.advance(60.0)
+    assert ledger.claim_tells(min_age=5.0) == []
+
+
 def test_leases_reports_the_live_holder_and_a_lapsed_lease_as_none(ledger, clock) -> None:
     # Routers ask this to tell a slow owner (still renewing) from a frozen one (lease lapsed).
     register(ledger, "a")
