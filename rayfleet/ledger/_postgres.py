@@ -99,7 +99,8 @@ class PostgresDatabase:
     Args:
         url: ``postgresql://user:password@host:5432/database``.
         pool_size: most connections this process keeps open.
-        connect_timeout: seconds to wait for the server when opening.
+        connect_timeout: seconds to wait for the server when opening, and for a free or new connection
+            on each attempt of a ledger call.
 
     Raises:
         LedgerUnavailableError: the server cannot be reached within ``connect_timeout``.
@@ -113,6 +114,9 @@ class PostgresDatabase:
         self._location = redact(url)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, check=psycopg_pool.ConnectionPool.check_connection,
+            # How long one ledger call waits for a connection: the default 30 s, times the
+            # reconnection attempts below, kept a call hanging for minutes while the server was away.
+            timeout=connect_timeout,
             kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
             name="rayfleet-ledger",
         )
