@@ -65,6 +65,14 @@ class Envelope:
     sent_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise if a field is malformed; unpickling never runs ``__post_init__``, so a host checks again.
+
+        Raises:
+            InvalidSpecError: naming the field and what it must be.
+        """
         problem = _envelope_problem(self)
         if problem:
             raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", field="envelope")
