@@ -9,6 +9,8 @@ work go on; every acknowledged call survives; service resumes once the storage d
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,32 @@ def test_postgresql_ledger_unreachable_at_connect_is_a_clear_retryable_error(tmp
                    namespace="t-unreachable", hosts=1)
     assert is_retryable(caught.value)
     assert f"127.0.0.1:{port}" in caught.value.message and ":pw@" not in caught.value.message
+
+
+@pytest.mark.timeout(180)
+def test_sqlite_ledger_locked_by_another_process_refuses_calls_retryably_and_recovers(
+    make_fleet, tmp_path: Path
+) -> None:
+    ledger_file = tmp_path / "ledger.sqlite"
+    fleet: rf.Fleet = make_fleet(ledger_path=str(ledger_file), hosts=1)
+    a = fleet.spawn("book/a", Ledgerbook)
+    assert a.call("add", n=1) == 1
+    code = (
+        "import sqlite3, sys\n"
+        f"connection = sqlite3.connect({str(ledger_file)!r}, isolation_level=None)\n"
+        "connection.execute('BEGIN EXCLUSIVE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    locker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+        with pytest.raises(rf.LedgerUnavailableError) as caught:
+            a.call("add", n=100)  # waits out SQLite's busy timeout in the ledger actor, then is refused
+        assert is_retryable(caught.value) and str(ledger_file) in caught.value.message
+    finally:
+        assert locker.stdin is not None
+        locker.stdin.close()
+        locker.wait(timeout=30)
+    assert a.call("add", n=2) == 3  # the refused add never happened
+    assert a.call("get") == {"total": 3, "entries": [1, 2]}
