@@ -243,8 +243,8 @@ class AgentSpec:
         interval = self.checkpoint_interval
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < math.inf:
             raise InvalidSpecError(
-                f"spec for {self.identity!r}: checkpoint_interval must be a positive, finite number of seconds, "
-                f"got {self.checkpoint_interval!r}",
+                f"spec for {self.identity!r}: checkpoint_interval must be a positive number of seconds "
+                f"(finite, not a bool), got {self.checkpoint_interval!r}",
                 field="checkpoint_interval",
             )
         if not isinstance(self.display_name, str):
