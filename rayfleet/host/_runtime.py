@@ -419,6 +419,11 @@ class HostRuntime:
             self._counters["stale_refusals"] += 1
             await self._drop(entry, reason=str(error))
             raise LeaseLostError(identity=entry.spec.identity, detail=f"checkpoint refused: {error.message}") from error
+        except BaseException:
+            # Not committed (storage or ledger outage): the next checkpoint must carry these keys,
+            # or a keyed call acknowledged before it would run again after a failover.
+            entry.pending_dedup[:0] = keys
+            raise
         entry.checkpoint_version = version
         entry.dirty = False
         entry.last_commit = self._clock()

@@ -124,3 +124,26 @@ async def test_a_truncated_snapshot_breaks_only_its_identity_until_restored(tmp_
         file.write_bytes(good)
         await runtime.respawn("t/a")
         assert await value(runtime, "t/a", "get") == {"total": 3, "seen": [3]}
+
+
+async def test_a_failed_background_checkpoint_keeps_what_was_acknowledged_for_the_next_one(tmp_path: Path) -> None:
+    """PERIODIC durability replies before the commit; a commit refused by the storage must lose none of it."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    spec = rf.AgentSpec(identity="t/p", agent=Tally, durability=rf.Durability.ON_DEACTIVATE)
+    ledger.register(SpecRecord(
+        identity="t/p", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+        agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value,
+    ))
+    with tmpfs(tmp_path / "storage", size=1024 * 1024) as disk:
+        async with host(ledger, disk.path, "host-a") as runtime:
+            acknowledged = await runtime.deliver("t/p", "add", (), {"n": 4}, idempotency_key="k-4")
+            assert acknowledged.value == 4
+            disk.read_only()
+            with pytest.raises(rf.StorageUnavailableError):
+                await runtime.flush()
+            disk.writable()
+            assert await runtime.flush() == 1
+        async with host(ledger, disk.path, "host-b") as successor:
+            assert await value(successor, "t/p", "get") == {"total": 4, "seen": [4]}
+            again = await successor.deliver("t/p", "add", (), {"n": 4}, idempotency_key="k-4")
+            assert again.duplicate and again.value == 4  # the key survived the refused commit
