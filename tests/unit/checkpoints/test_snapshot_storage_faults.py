@@ -134,3 +134,17 @@ def test_corrupt_bytes_give_a_snapshot_error_or_a_valid_state_never_a_crash(
             # Arrow IPC has no checksum: a flipped bit in a value's bytes can go unnoticed,
             # but what comes back is always a valid State.
             assert isinstance(state, Notes)
+
+
+def test_the_fleet_marker_on_a_read_only_folder_is_a_retryable_storage_error(tmp_path: Path) -> None:
+    from rayfleet.checkpoints._marker import read_fleet_id, write_fleet_id
+
+    with tmpfs(tmp_path / "mnt") as disk:
+        disk.read_only()
+        assert read_fleet_id(str(disk.path)) is None  # reading an empty read-only folder is fine
+        with pytest.raises(rf.StorageUnavailableError) as caught:
+            write_fleet_id(str(disk.path), "fleet-1")
+        assert is_retryable(caught.value) and "Read-only file system" in caught.value.detail
+        disk.writable()
+        write_fleet_id(str(disk.path), "fleet-1")
+        assert read_fleet_id(str(disk.path)) == "fleet-1"
