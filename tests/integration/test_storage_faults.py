@@ -135,3 +135,18 @@ def test_sqlite_ledger_locked_by_another_process_refuses_calls_retryably_and_rec
         locker.wait(timeout=30)
     assert a.call("add", n=2) == 3  # the refused add never happened
     assert a.call("get") == {"total": 3, "entries": [1, 2]}
+
+
+@pytest.mark.timeout(120)
+def test_connect_over_read_only_storage_is_refused_with_a_storage_error(make_fleet, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "storage") as disk:
+        disk.read_only()
+        options = {"storage": disk.path, "ledger_path": str(tmp_path / "ledger.sqlite"), "hosts": 1,
+                   "namespace": f"t-ro-{tmp_path.name[-12:]}"}
+        with pytest.raises(rf.StorageUnavailableError) as caught:
+            make_fleet(**options)
+        assert str(disk.path) in caught.value.message and is_retryable(caught.value)
+        disk.writable()
+        # The retry, in the same namespace, reuses what the refused connect started (and shuts it down after).
+        fleet: rf.Fleet = make_fleet(**options)
+        assert fleet.spawn("book/late", Ledgerbook).call("add", n=2) == 2
