@@ -12,10 +12,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from mount_support import tmpfs
 from ray_helpers import kill_actor
+from tcp_proxy import TcpProxy
 
 import rayfleet as rf
 from rayfleet.errors import is_retryable
@@ -150,3 +152,36 @@ def test_connect_over_read_only_storage_is_refused_with_a_storage_error(make_fle
         # The retry, in the same namespace, reuses what the refused connect started (and shuts it down after).
         fleet: rf.Fleet = make_fleet(**options)
         assert fleet.spawn("book/late", Ledgerbook).call("add", n=2) == 2
+
+
+@pytest.fixture
+def proxied_postgres_ledger(postgres_ledger: str):
+    """The per-test PostgreSQL ledger, reached through a TCP proxy the test can cut (the server keeps running)."""
+    server = urlsplit(postgres_ledger)
+    proxy = TcpProxy(server.hostname or "127.0.0.1", server.port or 5432)
+    netloc = f"{server.username}@127.0.0.1:{proxy.port}"
+    query = f"{server.query}&connect_timeout=1" if server.query else "connect_timeout=1"
+    try:
+        yield urlunsplit(server._replace(netloc=netloc, query=query)), proxy
+    finally:
+        proxy.close()
+
+
+@pytest.mark.timeout(240)
+def test_postgresql_ledger_lost_mid_run_refuses_calls_retryably_and_the_fleet_recovers(
+    proxied_postgres_ledger, make_fleet
+) -> None:
+    # Fixture order matters: the fleet shuts down (through the proxy) before the proxy closes.
+    url, proxy = proxied_postgres_ledger
+    fleet: rf.Fleet = make_fleet(ledger=url, hosts=1)
+    a = fleet.spawn("book/a", Ledgerbook)
+    assert a.call("add", n=1) == 1
+    proxy.cut()
+    with pytest.raises(rf.LedgerUnavailableError) as caught:
+        a.call("add", n=100)
+    assert is_retryable(caught.value) and "127.0.0.1" in caught.value.message
+    proxy.restore()
+    # Once the ledger is reachable again the fleet serves; the refused add never happened.
+    assert a.call("add", n=2) == 3
+    assert a.call("get") == {"total": 3, "entries": [1, 2]}
+    assert fleet.status("book/a").checkpoint_version == 2
