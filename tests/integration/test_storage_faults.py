@@ -104,7 +104,7 @@ def test_postgresql_ledger_unreachable_at_connect_is_a_clear_retryable_error(tmp
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(rf.LedgerUnavailableError) as caught:
-        rf.connect(storage=tmp_path / "s", ledger=f"postgresql://postgres:pw@127.0.0.1:{port}/rayfleet",
+        rf.connect(storage=tmp_path / "s", ledger=f"postgresql://postgres:pw@127.0.0.1:{port}/rayfleet?connect_timeout=1",
                    namespace="t-unreachable", hosts=1)
     assert is_retryable(caught.value)
     assert f"127.0.0.1:{port}" in caught.value.message and ":pw@" not in caught.value.message
