@@ -40,6 +40,8 @@ from .errors import StaleCheckpointVersionError as StaleCheckpointVersionError
 from .errors import StaleFencingTokenError as StaleFencingTokenError
 from .errors import StaleRunTokenError as StaleRunTokenError
 from .errors import StepFailedError as StepFailedError
+from .errors import StorageError as StorageError
+from .errors import StorageUnavailableError as StorageUnavailableError
 from .errors import UnknownDeadLetterError as UnknownDeadLetterError
 from .errors import UnknownHandlerError as UnknownHandlerError
 from .errors import UnknownIdentityError as UnknownIdentityError
@@ -170,6 +172,8 @@ __all__ = [
     "LedgerError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
+    "StorageError",
+    "StorageUnavailableError",
     "ModelError",
     "ModelRequestError",
     "ModelResponseError",

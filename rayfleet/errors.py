@@ -41,6 +41,8 @@ catches one kind of failure without naming every leaf::
     │   ├── LedgerUnavailableError (also ConnectionError) the database cannot be reached now; retry
     │   ├── LedgerSchemaError                         the database was written by a newer rayfleet
     │   └── FleetMismatchError                        the ledger and the storage belong to different fleets
+├── StorageError                                  the checkpoint storage (snapshot files) itself
+│   └── StorageUnavailableError                   the storage refused a write (full, read-only, unreachable); retry
     ├── FleetUnavailableError                         no host could serve the request
     └── InternalError                                 a rayfleet bug: an invariant did not hold
 
@@ -84,6 +86,8 @@ __all__ = [
     "RunCancelledError",
     "RunOwnedElsewhereError",
     "SnapshotError",
+    "StorageError",
+    "StorageUnavailableError",
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StaleRunTokenError",
@@ -848,6 +852,33 @@ class FleetMismatchError(LedgerError):
         )
 
 
+class StorageError(RayfleetError):
+    """Base of failures of the checkpoint storage itself (not of one snapshot's content)."""
+
+
+class StorageUnavailableError(StorageError):
+    """The checkpoint storage refused a write: the disk is full, the folder is read-only, the store is unreachable.
+
+    Retryable: nothing was committed. The call that needed the checkpoint did not take
+    effect (its agent goes back to the last committed State), so the caller may send it
+    again once the storage accepts writes.
+
+    Attributes:
+        root: the storage root (no credentials).
+        detail: the filesystem's error.
+    """
+
+    root: str
+    detail: str
+
+    def __init__(self, *, root: str, detail: str) -> None:
+        super().__init__(
+            f"the checkpoint storage {root} refused a write: {detail}. Nothing was committed; free space or "
+            f"make the storage writable again (check mounts, permissions, credentials), then retry",
+            root=root, detail=detail,
+        )
+
+
 class FleetUnavailableError(RayfleetError):
     """No live host could serve the request.
 
@@ -884,8 +915,9 @@ class InternalError(RayfleetError):
 def is_retryable(error: BaseException, *, handler_failures: bool = False) -> bool:
     """Whether a failed attempt is worth another.
 
-    :class:`Retryable`, any ``TimeoutError`` (so :class:`DeadlineExceededError` and
-    :class:`ModelTimeoutError` too) and any ``ConnectionError`` are; nothing else is.
+    :class:`Retryable`, :class:`StorageUnavailableError`, any ``TimeoutError`` (so
+    :class:`DeadlineExceededError` and :class:`ModelTimeoutError` too) and any
+    ``ConnectionError`` (so :class:`LedgerUnavailableError` too) are; nothing else is.
 
     Args:
         error: what the attempt raised.
@@ -895,6 +927,6 @@ def is_retryable(error: BaseException, *, handler_failures: bool = False) -> boo
             leaves it off: a ``HandlerError`` a handler got from a peer has already
             had that peer's own retries.
     """
-    if isinstance(error, (Retryable, TimeoutError, ConnectionError)):
+    if isinstance(error, (Retryable, StorageUnavailableError, TimeoutError, ConnectionError)):
         return True
     return handler_failures and isinstance(error, HandlerError) and error.raised_retryable

@@ -213,7 +213,8 @@ class StateCodec:
         """Encode ``states`` column-wise; returns the columns and the fields pickled in this batch.
 
         Raises:
-            InvalidSpecError: if a state is not an instance of this codec's class.
+            InvalidSpecError: if a state is not an instance of this codec's class, or a field
+                holds a value that neither Arrow nor cloudpickle can store.
         """
         if any(type(state) is not self.state_class for state in states):
             raise InvalidSpecError(f"every state must be a {self.class_path} instance", field="state")
@@ -228,7 +229,14 @@ class StateCodec:
                     continue
                 except (_Unencodable, pa.ArrowException, OverflowError, ValueError, TypeError):
                     pickled.add(name)
-            columns[name] = pa.array([cloudpickle.dumps(v) for v in values], type=pa.binary())
+            try:
+                columns[name] = pa.array([cloudpickle.dumps(v) for v in values], type=pa.binary())
+            except Exception as error:  # noqa: BLE001 - pickling runs arbitrary __reduce__ code; any failure means unstorable
+                raise InvalidSpecError(
+                    f"{self.class_path}.{name} holds a value that can be neither stored in Arrow nor pickled "
+                    f"({type(error).__name__}: {error}); keep State to plain data (no locks, sockets, generators "
+                    f"or open files)", field=f"state.{name}",
+                ) from None
         return columns, frozenset(pickled)
 
     def from_row(

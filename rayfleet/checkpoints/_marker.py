@@ -11,8 +11,8 @@ import json
 
 import pyarrow as pa
 
-from ..errors import InvalidSpecError
-from ._files import StorageRoot
+from ..errors import InvalidSpecError, StorageUnavailableError
+from ._files import StorageRoot, redact
 
 MARKER = "fleet.json"
 
@@ -36,10 +36,18 @@ def read_fleet_id(root: str) -> str | None:
 
 
 def write_fleet_id(root: str, fleet_id: str) -> None:
-    """Record ``fleet_id`` at ``root``, whole or not at all."""
+    """Record ``fleet_id`` at ``root``, whole or not at all.
+
+    Raises:
+        StorageUnavailableError: the storage refused the write (read-only, full, unreachable).
+    """
     body = json.dumps({"fleet_id": fleet_id, "format": 1}, indent=2).encode("utf-8")
 
     def write(sink: pa.NativeFile) -> None:
         sink.write(body)
 
-    StorageRoot(root, what="storage").publish(MARKER, write)
+    storage = StorageRoot(root, what="storage")
+    try:
+        storage.publish(MARKER, write)
+    except (OSError, pa.ArrowException) as error:
+        raise StorageUnavailableError(root=storage.display, detail=redact(str(error))) from error

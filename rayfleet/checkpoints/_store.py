@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pydantic
 
-from ..errors import InvalidSpecError, SnapshotError
+from ..errors import InvalidSpecError, SnapshotError, StorageUnavailableError
 from ._codec import (
     EXTRA_COLUMN,
     IDENTITY_COLUMN,
@@ -25,7 +25,7 @@ from ._codec import (
     VERSION_COLUMN,
     StateCodec,
 )
-from ._files import TEMP_PREFIX, StorageRoot, safe_name
+from ._files import TEMP_PREFIX, StorageRoot, redact, safe_name
 
 _SNAPSHOTS = "snapshots"
 
@@ -76,7 +76,8 @@ class SnapshotStore:
         Raises:
             InvalidSpecError (a ValueError): if ``rows`` is empty, mixes State
                 classes, or holds a version outside int64 or non-bytes ``extra``.
-            OSError: if the filesystem refuses the write.
+            StorageUnavailableError: if the filesystem refuses the write (full, read-only,
+                unreachable); nothing is left under the final name.
         """
         if not rows:
             raise InvalidSpecError("write_batch needs at least one row", field="rows")
@@ -105,7 +106,10 @@ class SnapshotStore:
             with ipc.new_file(sink, batch.schema) as out:
                 out.write_batch(batch)
 
-        self._storage.publish(relative, write)
+        try:
+            self._storage.publish(relative, write)
+        except (OSError, pa.ArrowException) as error:
+            raise StorageUnavailableError(root=self._storage.display, detail=redact(str(error))) from error
         return relative
 
     def read_row(

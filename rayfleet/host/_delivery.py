@@ -195,6 +195,7 @@ class Delivery:
         message waited for its turn is activated again and the message retried there.
 
         Raises:
+            InvalidSpecError: a field of the envelope is malformed.
             NotAddressableError: an outside caller tried an ``INTERNAL_ONLY`` agent.
             OwnedElsewhere: another live host holds the lease (internal; the caller re-routes).
             HostDraining: this host takes no new activations (internal; the caller re-routes).
@@ -203,6 +204,7 @@ class Delivery:
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
+        envelope.check()  # it may come unpickled from another process, never validated here
         identity = envelope.target
         entry = await self._addressable_entry(envelope)
         info = entry.agent.__rayfleet_handlers__.get(envelope.method)

@@ -12,6 +12,7 @@ cap, so neither grows with the traffic an agent has ever seen.
 from __future__ import annotations
 
 import enum
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -70,6 +71,14 @@ class Envelope:
     """
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise if a field is malformed; unpickling never runs ``__post_init__``, so a host checks again.
+
+        Raises:
+            InvalidSpecError: naming the field and what it must be.
+        """
         problem = _envelope_problem(self)
         if problem:
             raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", field="envelope")
@@ -97,8 +106,14 @@ def _envelope_problem(envelope: Envelope) -> str:
     if not isinstance(envelope.chain, tuple) or not all(isinstance(i, str) and i for i in envelope.chain):
         return f"chain must be a tuple of identities, got {envelope.chain!r}"
     if envelope.deadline is not None and (isinstance(envelope.deadline, bool)
-                                          or not isinstance(envelope.deadline, (int, float))):
+                                          or not isinstance(envelope.deadline, (int, float))
+                                          or math.isnan(envelope.deadline)):
         return f"deadline must be a time.time() value or None, got {envelope.deadline!r}"
+    if not isinstance(envelope.message_id, str) or not envelope.message_id:
+        return f"message_id must be a non-empty string, got {envelope.message_id!r}"
+    if (isinstance(envelope.sent_at, bool) or not isinstance(envelope.sent_at, (int, float))
+            or not math.isfinite(envelope.sent_at)):
+        return f"sent_at must be a time.time() value, got {envelope.sent_at!r}"
     if envelope.fence is not None and (isinstance(envelope.fence, bool) or not isinstance(envelope.fence, int)
                                        or envelope.fence < 0):
         return f"fence must be a non-negative integer or None, got {envelope.fence!r}"

@@ -248,7 +248,20 @@ class _RuntimeActivations:
         await self._runtime._ensure_healthy_lease(entry)
 
     async def commit(self, entry: HostedAgent) -> int:
-        return await self._runtime._commit(entry)
+        """The commit of a turn before its reply: if it fails, the turn must not have happened.
+
+        The agent is taken out of service (lease released), so its next message activates
+        it again from the last committed State, dedup window and fences; otherwise the
+        refused turn's effect would ride along with the next commit and a retry under the
+        same idempotency key would be answered from memory as if it had been committed.
+        """
+        try:
+            return await self._runtime._commit(entry)
+        except BaseException as error:
+            if not entry.dropped:
+                log.warning("commit of %s failed, back to its last checkpoint: %s", entry.spec.identity, error)
+                await self._runtime._drop(entry, reason="", release=True)
+            raise
 
     async def fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
         return await self._runtime._fenced_write(entry, what, write)

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import importlib
 import json
+import math
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
@@ -239,10 +240,11 @@ class AgentSpec:
         set_field(self, "durability", _enum(Durability, self.durability, "durability", self.identity))
         set_field(self, "labels", _labels(self.labels, self.identity))
         set_field(self, "peers", _peers(self.peers, self.identity))
-        if not isinstance(self.checkpoint_interval, (int, float)) or self.checkpoint_interval <= 0:
+        interval = self.checkpoint_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < math.inf:
             raise InvalidSpecError(
-                f"spec for {self.identity!r}: checkpoint_interval must be a positive number of seconds, "
-                f"got {self.checkpoint_interval!r}",
+                f"spec for {self.identity!r}: checkpoint_interval must be a positive number of seconds "
+                f"(finite, not a bool), got {self.checkpoint_interval!r}",
                 field="checkpoint_interval",
             )
         if not isinstance(self.display_name, str):
@@ -253,7 +255,7 @@ class AgentSpec:
         if not isinstance(self.retry, RetryPolicy):
             raise InvalidSpecError(f"spec for {self.identity!r}: retry must be an rf.RetryPolicy, got {self.retry!r}",
                                    field="retry")
-        if not isinstance(self.dedup_capacity, int) or self.dedup_capacity < 1:
+        if isinstance(self.dedup_capacity, bool) or not isinstance(self.dedup_capacity, int) or self.dedup_capacity < 1:
             raise InvalidSpecError(
                 f"spec for {self.identity!r}: dedup_capacity must be a positive integer, got {self.dedup_capacity!r}",
                 field="dedup_capacity",
@@ -280,7 +282,8 @@ class AgentSpec:
             "durability": self.durability.value,
             "checkpoint_interval": self.checkpoint_interval,
             "display_name": self.display_name,
-            "context": repr(sorted(self.context.items(), key=lambda item: item[0])),
+            # Keys of any types sort by their repr: comparing an int key with a str one raised TypeError.
+            "context": repr(sorted(self.context.items(), key=lambda item: repr(item[0]))),
             "retry": repr(self.retry),
             "dedup_capacity": self.dedup_capacity,
         }

@@ -19,10 +19,11 @@ Guarantees, and why they hold with many hosts on many nodes writing at once:
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
@@ -50,6 +51,16 @@ def redact(url: str) -> str:
         return url
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _url_connect_timeout(url: str, default: float = 10.0) -> float:
+    """The ``connect_timeout`` query parameter of ``url`` in seconds (libpq's own), or ``default``."""
+    values = parse_qs(urlsplit(url).query).get("connect_timeout")
+    try:
+        seconds = float(values[0]) if values else default
+    except ValueError:
+        return default
+    return seconds if 0 < seconds < math.inf else default
 
 
 class _Transaction:
@@ -99,7 +110,9 @@ class PostgresDatabase:
     Args:
         url: ``postgresql://user:password@host:5432/database``.
         pool_size: most connections this process keeps open.
-        connect_timeout: seconds to wait for the server when opening.
+        connect_timeout: seconds to wait for the server when opening, and for a free or new connection
+            on each attempt of a ledger call; by default the URL's ``?connect_timeout=`` (as libpq
+            reads it), else 10.
 
     Raises:
         LedgerUnavailableError: the server cannot be reached within ``connect_timeout``.
@@ -108,11 +121,20 @@ class PostgresDatabase:
 
     kind = "postgresql"
 
-    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float | None = None) -> None:
         self.url = url
         self._location = redact(url)
+        if connect_timeout is None:
+            connect_timeout = _url_connect_timeout(url)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, check=psycopg_pool.ConnectionPool.check_connection,
+            # How long one ledger call waits for a connection: the default 30 s, times the
+            # reconnection attempts below, kept a call hanging for minutes while the server was away.
+            timeout=connect_timeout,
+            # How long the pool keeps re-trying one lost connection (with growing pauses) before
+            # it gives up and the next call starts afresh. psycopg_pool's 300 s let the pauses grow
+            # past a minute, so calls failed long after the server was back.
+            reconnect_timeout=max(5.0, 2 * connect_timeout),
             kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
             name="rayfleet-ledger",
         )

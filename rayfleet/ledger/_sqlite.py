@@ -15,11 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import LedgerSchemaError
+from ..errors import LedgerSchemaError, LedgerUnavailableError
 from ._schema import MIGRATIONS, SQLITE
 from ._store import Transaction
 
 T = TypeVar("T")
+
+_UNAVAILABLE = frozenset({
+    "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN",
+})
+"""Result codes of a database that cannot serve now (locked by another process, disk full or read-only).
+
+Not errors of the statement itself: SQLite reports syntax errors as ``OperationalError`` too.
+"""
 
 
 
@@ -38,14 +46,19 @@ class SqliteDatabase:
 
     kind = "sqlite"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._incarnation = uuid.uuid4().hex
-        self._connection = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute("PRAGMA synchronous=FULL")
+        try:
+            self._connection = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            )
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=FULL")
+        except sqlite3.OperationalError as error:
+            raise self._unavailable(error) from None
         self.write(self._migrate)
 
     def _migrate(self, tx: Transaction) -> None:
@@ -63,20 +76,39 @@ class SqliteDatabase:
     def write(self, fn: Callable[[Transaction], T]) -> T:
         # BEGIN IMMEDIATE takes the write lock up front: no other writer can interleave
         # between a fenced operation's check and its write.
+        # Another process holding the lock past the busy timeout (or a full or read-only
+        # disk) is an outage: LedgerUnavailableError, after which nothing was changed.
         with self._lock:
-            self._connection.execute("BEGIN IMMEDIATE")
             try:
-                result = fn(self._connection)
-            except BaseException:
-                self._connection.execute("ROLLBACK")
+                self._connection.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(self._connection)
+                    self._connection.execute("COMMIT")
+                except BaseException:
+                    if self._connection.in_transaction:
+                        self._connection.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as error:
+                if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
+                    raise self._unavailable(error) from None
                 raise
-            self._connection.execute("COMMIT")
             return result
 
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.
         with self._lock:
-            return fn(self._connection)
+            try:
+                return fn(self._connection)
+            except sqlite3.OperationalError as error:
+                if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
+                    raise self._unavailable(error) from None
+                raise
+
+    def _unavailable(self, error: sqlite3.Error) -> LedgerUnavailableError:
+        return LedgerUnavailableError(
+            location=self.describe(),
+            detail=f"{error} (another process may hold the database's lock, or its disk is full or read-only)",
+        )
 
     def now(self, tx: Transaction) -> float:
         return time.time()

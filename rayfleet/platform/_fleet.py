@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -50,7 +51,7 @@ from ._host_actor import AgentHost
 from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
-from ._routing import Courier, HostDirectory, HostRequest, probe_interval_for
+from ._routing import Courier, HostDirectory, HostRequest, _HostGone, probe_interval_for
 from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerClient,
@@ -681,7 +682,11 @@ class Fleet:
         if stop:
             directory = self._courier.directory
             self._courier.refresh_sync()
-            handles = [directory.handle(name) for name in directory.names if name not in directory.dead]
+            handles = []
+            for name in directory.names:
+                if name not in directory.dead:
+                    with contextlib.suppress(_HostGone):  # died without deregistering: nothing to stop
+                        handles.append(directory.handle(name))
             try:
                 ray.get([handle.shutdown.remote() for handle in handles], timeout=60)
             except Exception as error:  # noqa: BLE001 - a dead host has nothing left to checkpoint

@@ -244,8 +244,10 @@ def _is_file(text: str) -> bool:
 
 
 def _load_yaml(text: str, where: str) -> list[AgentSpec]:
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        # Built inside the try: the reader refuses control characters as soon as it is made.
+        loader = yaml.SafeLoader(text)
         # One parse gives both the node tree (for line numbers) and the Python values.
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -257,7 +259,8 @@ def _load_yaml(text: str, where: str) -> list[AgentSpec]:
             f"roster {where}{place}: invalid YAML ({problem}). Fix the syntax there.", field=where
         ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     item_lines = _agent_item_lines(node)
 
     def item_place(index: int) -> str:
@@ -337,7 +340,15 @@ def _file_error(
             field=where,
         )
     index = min(by_item)
-    return _item_error(by_item[index], data["agents"][index], where, place(index))
+    agents = data.get("agents")
+    if not isinstance(agents, (list, tuple)):
+        # e.g. a YAML !!set, which pydantic reads as a sequence but which has no item order to point at
+        return InvalidSpecError(
+            f"roster {where}: 'agents' must be a YAML list of agents (one '- identity: ...' item each), "
+            f"got {type(agents).__name__}",
+            field=where,
+        )
+    return _item_error(by_item[index], agents[index], where, place(index))
 
 
 def _item_error(

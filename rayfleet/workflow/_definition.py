@@ -449,12 +449,19 @@ class Workflow:
         Raises:
             InvalidSpecError: at once for a duplicate label or a malformed step.
         """
+        if not isinstance(label, str) or not label:
+            raise InvalidSpecError(f"step label must be a non-empty string, got {label!r}", field="step")
         if label in self._steps:
             raise InvalidSpecError(
                 f"workflow {self.name!r} already has a step {label!r}; give each step a unique label",
                 field=label,
             )
-        after_tuple = (after,) if isinstance(after, str) else tuple(after)
+        try:
+            after_tuple = (after,) if isinstance(after, str) else tuple(after)
+        except TypeError:
+            raise InvalidSpecError(
+                f"step {label!r}: after= must be a step label or a list of them, got {after!r}", field=label
+            ) from None
         self._steps[label] = Step(
             label=label, to=to, select=select, scatter=scatter, call=call, payload=payload, after=after_tuple,
             gather=gather if gather is not None else AllOf(), timeout=timeout,

@@ -60,6 +60,9 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
         rf.FleetMismatchError(ledger="sqlite:///l.sqlite", storage="/s", ledger_fleet=None, storage_fleet="f-1"),
         rf.FleetMismatchError(ledger="sqlite:///l.sqlite", storage="/s", ledger_fleet="f-2", storage_fleet="f-1"),
     ],
+    rf.StorageError: [
+        rf.StorageUnavailableError(root="/var/rayfleet", detail="[Errno 28] No space left on device"),
+    ],
 }
 SUBSYSTEMS = tuple(LEAVES)
 ROOT_LEAVES = [
@@ -182,6 +185,8 @@ def test_model_errors_name_the_url_not_an_identity() -> None:
         (rf.DeadlineExceededError(identity="a", method="m", timeout=1.0), True, True),
         (rf.ModelTimeoutError(url=URL, timeout=1.0), True, True),
         (ConnectionRefusedError(), True, True),
+        (rf.StorageUnavailableError(root="/s", detail="[Errno 30] Read-only file system"), True, True),
+        (rf.LedgerUnavailableError(location="sqlite:///l.sqlite", detail="database is locked"), True, True),
         (ValueError("no"), False, False),
         (rf.StepFailedError(step="s", detail="d"), False, False),
         (rf.HandlerError(identity="a", method="m", remote_type="rayfleet.errors.Retryable", remote_message="",

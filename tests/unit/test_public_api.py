@@ -27,6 +27,7 @@ EXPECTED_NAMES = {
     "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
     "WorkflowError", "RunOwnedElsewhereError", "StaleRunTokenError",
     "FleetMismatchError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
+    "StorageError", "StorageUnavailableError",
 }
 
 

@@ -1,0 +1,191 @@
+"""A host whose ledger is unavailable: the SQLite file locked by another process, PostgreSQL unreachable.
+
+Real HostRuntime, real snapshot files, real ledgers: a second OS process holds
+``BEGIN EXCLUSIVE`` on the SQLite file; PostgreSQL is reached through a TCP proxy the
+test cuts (the shared server itself is never stopped), or through a closed port.
+While the ledger is away every call is refused with a retryable LedgerUnavailableError;
+nothing acknowledged is lost; service resumes when the ledger is back.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import cloudpickle
+import pg_support
+import pytest
+from tcp_proxy import TcpProxy
+
+import rayfleet as rf
+from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.errors import is_retryable
+from rayfleet.host._runtime import HostRuntime
+from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
+from rayfleet.ledger._location import LedgerLocation, open_ledger
+from rayfleet.ledger._postgres import PostgresDatabase
+from rayfleet.ledger._sqlite import SqliteDatabase
+from rayfleet.ledger._values import SpecRecord
+
+
+class Tally(rf.Agent):
+    class State(rf.State):
+        total: int = 0
+
+    @rf.handler
+    def add(self, n: int) -> int:
+        self.state.total += n
+        return self.state.total
+
+    @rf.handler
+    def get(self) -> int:
+        return self.state.total
+
+
+def register(ledger: Ledger, identity: str) -> None:
+    spec = rf.AgentSpec(identity=identity, agent=Tally)
+    ledger.register(SpecRecord(
+        identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+        agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value,
+    ))
+
+
+async def add(runtime: HostRuntime, identity: str, n: int) -> int:
+    return int((await runtime.deliver(identity, "add", (), {"n": n})).value)
+
+
+class Locker:
+    """Another OS process holding SQLite's exclusive lock on a ledger file until released."""
+
+    def __init__(self, path: Path) -> None:
+        code = textwrap.dedent(f"""
+            import sqlite3, sys
+            connection = sqlite3.connect({str(path)!r}, isolation_level=None)
+            connection.execute("BEGIN EXCLUSIVE")
+            print("locked", flush=True)
+            sys.stdin.read()
+            connection.execute("ROLLBACK")
+        """)
+        self._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+        assert self._process.stdout is not None
+        assert self._process.stdout.readline().strip() == "locked"
+
+    def release(self) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        assert self._process.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def locker() -> Iterator[list[Locker]]:
+    held: list[Locker] = []
+    yield held
+    for lock in held:
+        if lock._process.poll() is None:
+            lock._process.kill()
+            lock._process.wait()
+
+
+def assert_unavailable(error: BaseException, location: str) -> None:
+    assert isinstance(error, rf.LedgerUnavailableError) and is_retryable(error)
+    assert error.location == location and error.detail
+    assert location in error.message
+
+
+async def test_a_sqlite_ledger_locked_by_another_process_refuses_calls_retryably_and_recovers(
+    tmp_path: Path, locker: list[Locker]
+) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(SqliteDatabase(path, busy_timeout=0.2))
+    for identity in ("t/a", "t/b"):
+        register(ledger, identity)
+    runtime = HostRuntime(name="h", ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(tmp_path / "s")))
+    async with runtime:
+        assert await add(runtime, "t/a", 1) == 1
+        locker.append(Locker(path))
+        for identity in ("t/a", "t/b"):  # hosted or not, every change is refused while the lock is held
+            with pytest.raises(rf.LedgerUnavailableError) as caught:
+                await add(runtime, identity, 100)
+            assert_unavailable(caught.value, f"sqlite:///{path}")
+        # Opening the ledger while it is locked is refused the same way, not with a driver error.
+        with pytest.raises(rf.LedgerUnavailableError) as opening:
+            Ledger(SqliteDatabase(path, busy_timeout=0.2))
+        assert_unavailable(opening.value, f"sqlite:///{path}")
+        locker[0].release()
+        assert await add(runtime, "t/a", 2) == 3  # the refused add of 100 never happened
+        assert await add(runtime, "t/b", 5) == 5
+    reopened = Ledger(path)
+    snapshot = reopened.resolve(["t/a"])["t/a"].snapshot
+    assert snapshot is not None
+    state, _ = SnapshotStore(str(tmp_path / "s")).read_row(snapshot.file, snapshot.row, Tally.State, identity="t/a",
+                                                          version=snapshot.version)
+    assert state == Tally.State(total=3)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # nothing listens there once the probe is closed
+
+
+def test_postgresql_unreachable_at_start_is_a_clear_retryable_error() -> None:
+    url = f"postgresql://postgres:secret@127.0.0.1:{closed_port()}/rayfleet"
+    with pytest.raises(rf.LedgerUnavailableError) as caught:
+        PostgresDatabase(url, connect_timeout=1)
+    assert_unavailable(caught.value, url.replace(":secret@", ":***@"))
+    assert "secret" not in caught.value.message
+    # The same through the ledger URL every entry point parses.
+    with pytest.raises(rf.LedgerUnavailableError):
+        open_ledger(LedgerLocation.parse(url + "?connect_timeout=1"))
+
+
+@pytest.fixture
+def proxied_postgres() -> Iterator[tuple[str, TcpProxy]]:
+    url = pg_support.create_database()
+    server = urlsplit(url)
+    proxy = TcpProxy(server.hostname or "127.0.0.1", server.port or 5432)
+    try:
+        yield urlunsplit(server._replace(netloc=f"{server.username}@127.0.0.1:{proxy.port}")), proxy
+    finally:
+        proxy.close()
+        pg_support.drop_database(url)
+
+
+@pytest.mark.timeout(120)
+async def test_postgresql_lost_mid_run_refuses_calls_retryably_and_recovers(
+    tmp_path: Path, proxied_postgres: tuple[str, TcpProxy]
+) -> None:
+    url, proxy = proxied_postgres
+    database = PostgresDatabase(url, connect_timeout=1)
+    ledger = Ledger(database)
+    for identity in ("t/a", "t/b"):
+        register(ledger, identity)
+    client = LocalLedgerClient(ledger, threads=2)
+    runtime = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path / "s")))
+    try:
+        async with runtime:
+            assert await add(runtime, "t/a", 1) == 1
+            proxy.cut()
+            for identity in ("t/a", "t/b"):
+                with pytest.raises(rf.LedgerUnavailableError) as caught:
+                    await add(runtime, identity, 100)
+                assert_unavailable(caught.value, database.describe())
+            proxy.restore()
+            assert await add(runtime, "t/a", 2) == 3
+            assert await add(runtime, "t/b", 5) == 5
+    finally:
+        client.close()
+    check = Ledger(PostgresDatabase(url, connect_timeout=5))
+    try:
+        views = check.resolve(["t/a", "t/b"])
+        assert views["t/a"].continuity is not None and views["t/a"].continuity.checkpoint_version == 2
+        assert views["t/b"].continuity is not None and views["t/b"].continuity.checkpoint_version == 1
+    finally:
+        check.close()
