@@ -185,6 +185,8 @@ class Fault:
     target: str
     start: float
     end: float = 0.0
+    wall: float = field(default_factory=time.time)
+    """``time.time()`` at the start (run records carry wall-clock times)."""
     hit: list[str] | None = None
     """Identities the fault hit; ``None`` means every identity."""
     detail: str = ""
@@ -376,6 +378,7 @@ class ChaosRun:
                 try:
                     fleet.submit(saga(hotel, bank, fail), run_id=run_id)
                     self.runs[run_id]["submitted"] = time.monotonic()
+                    self.runs[run_id]["submitted_wall"] = time.time()
                     break
                 except Exception as error:  # ledger or runner down: submit again, same run id
                     self.runs[run_id]["submit_error"] = type(error).__name__
@@ -390,7 +393,7 @@ class ChaosRun:
             while not self.stop.is_set():
                 rounds += 1
                 identity = self.paused_ids[rounds % len(self.paused_ids)]
-                if not _retry(lambda identity=identity: fleet.pause(identity), self.stop, patience=20):
+                if not _retry(lambda identity=identity: fleet.pause(identity) or True, self.stop, patience=20):
                     continue
                 ref = fleet.agent(identity)
                 for number in range(self.profile.parked_per_pause):
@@ -480,19 +483,36 @@ class ChaosRun:
                 time.sleep(0.2)
         self.notes.append(f"{name} did not come back within {patience:.0f} s")
 
+    def _pid(self, name: str) -> int:
+        """The process id of a named actor of this fleet (a public Ray call on the actor itself)."""
+        handle = ray.get_actor(name, namespace=self.namespace)
+        return int(ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=5))
+
+    def _await_new_process(self, name: str, old_pid: int, patience: float = 60.0) -> bool:
+        """Wait until Ray has restarted ``name`` in a new process (``ray.kill`` returns before it dies)."""
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if self._pid(name) != old_pid:
+                    return True
+            time.sleep(0.1)
+        self.notes.append(f"{name} was not restarted within {patience:.0f} s")
+        return False
+
     def _fault_host_kill(self, fleet: rf.Fleet) -> None:
         name = self.random.choice(self._hosts_named(fleet))
+        old_pid = self._pid(name)
         fault = self.history.fault(Fault("host_kill", name, time.monotonic(), hit=self._owned_by(name)))
         ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=False)
+        self._await_new_process(name, old_pid)
         fault.end = time.monotonic()
         self._await_hosts(fleet, name)
-        fault.detail = f"back after {time.monotonic() - fault.start:.2f} s"
+        fault.detail = f"restarted after {fault.end - fault.start:.2f} s"
         self._recovered(fault)
 
     def _fault_host_freeze(self, fleet: rf.Fleet) -> None:
         name = self.random.choice(self._hosts_named(fleet))
-        handle = ray.get_actor(name, namespace=self.namespace)
-        pid = int(ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=10))
+        pid = self._pid(name)
         fault = self.history.fault(Fault("host_freeze", name, time.monotonic(), hit=self._owned_by(name)))
         self.frozen.add(pid)
         os.kill(pid, signal.SIGSTOP)
@@ -506,8 +526,10 @@ class ChaosRun:
         self._recovered(fault)
 
     def _fault_ledger_kill(self, fleet: rf.Fleet) -> None:
+        old_pid = self._pid(LEDGER_ACTOR)
         fault = self.history.fault(Fault("ledger_kill", LEDGER_ACTOR, time.monotonic()))
         ray.kill(ray.get_actor(LEDGER_ACTOR, namespace=self.namespace), no_restart=False)
+        self._await_new_process(LEDGER_ACTOR, old_pid)
         fault.end = time.monotonic()
         _retry(fleet.hosts, self.stop, patience=60)
         fault.detail = f"answering after {time.monotonic() - fault.start:.2f} s"
@@ -519,16 +541,12 @@ class ChaosRun:
         except ValueError:
             self.notes.append("runner_kill skipped: no runner yet")
             return
+        old_pid = self._pid(RUNNER_ACTOR)
         fault = self.history.fault(Fault("runner_kill", RUNNER_ACTOR, time.monotonic(), hit=[]))
         ray.kill(handle, no_restart=False)
+        self._await_new_process(RUNNER_ACTOR, old_pid)
         fault.end = time.monotonic()
-
-        def ping() -> int:
-            runner = ray.get_actor(RUNNER_ACTOR, namespace=self.namespace)
-            return int(ray.get(runner.__ray_call__.remote(lambda actor: os.getpid()), timeout=5))
-
-        _retry(ping, self.stop, patience=60)
-        fault.detail = f"answering after {time.monotonic() - fault.start:.2f} s"
+        fault.detail = f"restarted after {fault.end - fault.start:.2f} s"
         self._recovered(fault)
 
     def _fault_drain(self, fleet: rf.Fleet) -> None:
@@ -737,6 +755,8 @@ class ChaosRun:
                 self.violations.append(f"run {run_id} did not finish: {plan.get('wait_error')}")
                 continue
             status = outcome.status
+            with contextlib.suppress(Exception):
+                plan["finished_wall"] = fleet.runs.get(run_id).updated_at
             self.run_stats[f"{'fail' if plan['fail'] else 'ok'}->{status.value}"] += 1
             for agent in (plan["hotel"], plan["bank"]):
                 if agent not in reports:
@@ -798,6 +818,13 @@ class ChaosRun:
                 for begin, done in spans.get(identity, ()):
                     if begin <= end + 1.0 and done >= fault.start:
                         longest = max(longest, done - max(begin, fault.start))
+            if fault.kind == "runner_kill":
+                # Runs in flight when the runner died: how long after the kill they ended.
+                for plan in self.runs.values():
+                    begin, done = plan.get("submitted_wall"), plan.get("finished_wall")
+                    if begin is not None and done is not None and begin <= fault.wall + (end - fault.start) + 1.0 \
+                            and done >= fault.wall:
+                        longest = max(longest, done - max(begin, fault.wall))
             worst[fault.kind] = max(worst.get(fault.kind, 0.0), longest)
         return worst
 
