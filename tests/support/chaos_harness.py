@@ -86,6 +86,8 @@ class Profile:
     op_patience: float = 60.0
     """How long one increment is retried (same key) before it is left with an unknown outcome."""
     seed: int = 10
+    faults: tuple[str, ...] = ()
+    """Only these fault kinds (empty: all of them); ``CHAOS_FAULTS=ledger_kill,zombie_host`` in the test."""
 
 
 PROFILES = {
@@ -438,9 +440,11 @@ class ChaosRun:
     # -- nemesis ----------------------------------------------------------------------
 
     def _schedule(self) -> list[str]:
-        kinds = ["host_kill", "host_freeze", "ledger_kill", "drain", "runner_kill", "zombie"]
+        kinds = ["host_kill", "host_freeze", "zombie_host", "ledger_kill", "drain", "runner_kill", "zombie"]
         if self.ledger_kind == "postgresql":
             kinds.remove("ledger_kill")
+        if self.profile.faults:
+            kinds = [kind for kind in self.profile.faults if kind != "pg_restart"]
         order: list[str] = []
         while len(order) < 400:
             cycle = kinds[:]
@@ -523,6 +527,58 @@ class ChaosRun:
             self.frozen.discard(pid)
         fault.end = time.monotonic()
         fault.detail = f"pid {pid} stopped {fault.end - fault.start:.2f} s"
+        self._recovered(fault)
+
+    def _fault_zombie_host(self, fleet: rf.Fleet) -> None:
+        """A frozen host is declared dead while it holds agents in memory; another host serves them; it wakes.
+
+        What the router will do by itself once frozen-host failover lands: after one TTL the
+        frozen host's leases are revoked (``revoke_holder``, what the driver does for a host
+        Ray reports dead), and keyed increments for the identities it owned are sent to the
+        other host directly (recorded in the history as ``failover``). When the zombie wakes
+        it still has the old States in memory and the clients' queued turns to run: none of
+        its writes may be accepted.
+        """
+        hosts = {host.name: host for host in fleet.hosts()}
+        if len(hosts) < 2:
+            self.notes.append("zombie_host skipped: only one host")
+            return
+        name = self.random.choice(sorted(hosts))
+        other = self.random.choice(sorted(set(hosts) - {name}))
+        victims = self._owned_by(name)
+        pid = self._pid(name)
+        fault = self.history.fault(Fault("zombie_host", name, time.monotonic(), hit=victims))
+        self.frozen.add(pid)
+        os.kill(pid, signal.SIGSTOP)
+        served = 0
+        try:
+            time.sleep(self.profile.lease_ttl + 0.5)
+            fleet._ledger.revoke_holder(hosts[name].holder).result()
+            handle = ray.get_actor(other, namespace=self.namespace)
+            for identity in victims[:20]:
+                key = f"failover-{uuid.uuid4().hex[:10]}"
+                op = self.history.new_op()
+                self.history.record("invoke", "failover", op, identity, key)
+                envelope = rf.Envelope(target=identity, method="add", kwargs={"n": 1, "key": key}, idempotency_key=key)
+                try:
+                    kind, value = ray.get(handle.deliver.remote(identity, envelope), timeout=10)
+                except Exception as error:
+                    self.history.record("info", "failover", op, identity, key, type(error).__name__)
+                    continue
+                if kind == "ok":
+                    self.history.record("ok", "failover", op, identity, key, value)
+                    served += 1
+                else:
+                    # A redirect (still owned by the frozen host) or an error: never applied here.
+                    self.history.record("info", "failover", op, identity, key, f"{kind}: {value!r}"[:200])
+            remaining = self.profile.freeze - (time.monotonic() - fault.start)
+            if remaining > 0:
+                time.sleep(remaining)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.frozen.discard(pid)
+        fault.end = time.monotonic()
+        fault.detail = f"{len(victims)} owned, {served} served by {other} meanwhile"
         self._recovered(fault)
 
     def _fault_ledger_kill(self, fleet: rf.Fleet) -> None:
@@ -871,6 +927,13 @@ class ChaosRun:
         document = result.to_json()
         document["fault_log"] = [asdict(fault) | {"hit": None if fault.hit is None else len(fault.hit)}
                                  for fault in self.history.faults]
+        # The evidence behind each violation: every event and token sample of the identities named.
+        named = {violation.split(":", 1)[0] for violation in result.violations}
+        document["evidence"] = {
+            identity: {"events": [asdict(event) for event in self.history.events if event.identity == identity],
+                       "tokens": self.tokens.get(identity, [])}
+            for identity in sorted(named) if identity.startswith("chaos/")
+        }
         path.write_text(json.dumps(document, indent=2, default=str))
 
 
