@@ -22,7 +22,7 @@ Faults (one at a time, from the nemesis thread): ``host_kill`` (``ray.kill`` of 
 Ray restarts it, ``max_restarts=-1``), ``host_freeze`` (SIGSTOP of a host's process
 past the lease TTL, then SIGCONT), ``ledger_kill`` (the SQLite ledger actor; Ray
 restarts it on the same file), ``pg_restart`` (the PostgreSQL server, at most once per
-run, under a file lock), ``runner_kill``, ``drain`` (then ``undrain``) and ``zombie``
+run, under ``pg_support.RESTART_LOCK``), ``runner_kill``, ``drain`` (then ``undrain``) and ``zombie``
 (a lifecycle operation moves an identity's token on, then writes presented with the
 old token must be refused).
 
@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import itertools
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -51,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pg_support
 import pydantic
 import ray
 
@@ -59,8 +57,6 @@ from rayfleet.ledger import CheckpointCommit, SnapshotPointer
 
 LEDGER_ACTOR = "rayfleet-ledger"
 RUNNER_ACTOR = "rayfleet-runner"
-PG_RESTART_LOCK = "/tmp/rayfleet-postgres-restart.lock"
-"""Held while this harness restarts the shared PostgreSQL server (other users of the lock wait)."""
 
 
 # --------------------------------------------------------------------------- profiles
@@ -78,8 +74,9 @@ class Profile:
     saga_every: float = 2.0
     fault_gap: float = 4.0
     """Seconds of calm between two faults."""
-    freeze: float = 5.0
-    """How long a frozen host stays stopped (past the lease TTL)."""
+    freeze: float = 8.0
+    """How long a frozen host stays stopped: past the lease TTL plus the 2 s failover target, so the
+    measured unavailability shows whether another host took over (target: TTL + 2 s) or not (freeze)."""
     lease_ttl: float = 3.0
     hosts: int = 2
     call_timeout: float = 2.0
@@ -226,7 +223,7 @@ class History:
 class ChaosResult:
     profile: str
     ledger: str
-    operations: dict[str, int]
+    operations: dict[str, Any]
     faults: dict[str, int]
     violations: list[str]
     unavailability: dict[str, float]
@@ -663,16 +660,14 @@ class ChaosRun:
     def _fault_pg_restart(self, fleet: rf.Fleet) -> None:
         if self.pg_restarted:
             return
-        command = pg_restart_command()
+        command = pg_support.restart_command()
         if command is None:
             self.notes.append("pg_restart skipped: no local cluster to restart (pg_ctlcluster)")
             return
         self.pg_restarted = True
-        with open(PG_RESTART_LOCK, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            fault = self.history.fault(Fault("pg_restart", "postgresql", time.monotonic()))
-            subprocess.run(command, check=True, capture_output=True, timeout=120)
-            fault.end = time.monotonic()
+        fault = self.history.fault(Fault("pg_restart", "postgresql", time.monotonic()))
+        pg_support.restart_server(command)  # holds pg_support.RESTART_LOCK, as test_ledger_restart.py does
+        fault.end = time.monotonic()
         _retry(fleet.hosts, self.stop, patience=60)
         self._recovered(fault)
 
@@ -885,18 +880,18 @@ class ChaosRun:
         return worst
 
     def _result(self, fleet: rf.Fleet) -> ChaosResult:
-        types = Tally(event.type for event in self.history.events if event.process != "parker")
-        ops: dict[int, str] = {}
-        for event in self.history.events:
-            if event.process != "parker" and event.type != "invoke":
-                ops[event.op] = event.type
+        clients = [event for event in self.history.events if event.process.startswith("client-")]
+        types = Tally(event.type for event in clients)
+        ops: dict[int, str] = {event.op: event.type for event in clients if event.type != "invoke"}
         finals = Tally(ops.values())
+        failover = Tally(event.type for event in self.history.events if event.process == "failover")
         operations = {
             "increments acknowledged": finals["ok"],
             "increments unknown (gave up)": finals["info"],
             "increments failed": finals["fail"],
             "attempts (invoke events)": types["invoke"],
             "attempts retried (info events)": types["info"],
+            "failover increments ok / unknown": f"{failover['ok']} / {failover['info']}",
             "saga runs submitted": sum(1 for plan in self.runs.values() if plan["submitted"] is not None),
             "parked messages sent": sum(len(keys) for keys in self.parked_sent.values()),
             "zombie writes attempted": self.zombie_attempts,
@@ -947,15 +942,3 @@ def _retry(operation: Any, stop: threading.Event, *, patience: float) -> Any:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.25)
-
-
-def pg_restart_command() -> list[str] | None:
-    """How to restart the local PostgreSQL on port 5432 (as tests/integration/test_ledger_restart.py does)."""
-    if shutil.which("pg_ctlcluster") is None or shutil.which("pg_lsclusters") is None:
-        return None
-    listing = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False)
-    for line in listing.stdout.splitlines():
-        version, cluster, port, *_ = line.split()
-        if port == "5432":
-            return ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"]
-    return None
