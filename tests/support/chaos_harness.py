@@ -347,7 +347,7 @@ class ChaosRun:
                 self.history.record("fail", process, op, ref.identity, key, repr(error)[:200])
                 return
             except Exception as error:  # any failure: outcome unknown, retry with the same key
-                self.history.record("info", process, op, ref.identity, key, type(error).__name__)
+                self.history.record("info", process, op, ref.identity, key, _describe(error))
                 if time.monotonic() > give_up:
                     return
                 await asyncio.sleep(0.1 + random.random() * 0.2)
@@ -897,6 +897,8 @@ class ChaosRun:
             "zombie writes attempted": self.zombie_attempts,
             "zombie writes refused": self.zombie_refused,
         }
+        kinds = Tally(str(event.value).split(":")[0] for event in clients if event.type == "info")
+        operations["errors seen by clients"] = ", ".join(f"{name} {count}" for name, count in kinds.most_common())
         operations.update({f"runs {name}": count for name, count in sorted(self.run_stats.items())})
         operations.update({f"parked {name}": count for name, count in sorted(self.parked_stats.items())})
         faults = Tally(fault.kind for fault in self.history.faults)
@@ -930,6 +932,12 @@ class ChaosRun:
             for identity in sorted(named) if identity.startswith("chaos/")
         }
         path.write_text(json.dumps(document, indent=2, default=str))
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message`` of an error, short enough for the history."""
+    text = str(error).split(". ")[0]
+    return f"{type(error).__name__}: {text}"[:160]
 
 
 def _retry(operation: Any, stop: threading.Event, *, patience: float) -> Any:
