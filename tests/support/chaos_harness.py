@@ -20,7 +20,8 @@ Workload:
 
 Faults (one at a time, from the nemesis thread): ``host_kill`` (``ray.kill`` of a host;
 Ray restarts it, ``max_restarts=-1``), ``host_freeze`` (SIGSTOP of a host's process
-past the lease TTL, then SIGCONT), ``ledger_kill`` (the SQLite ledger actor; Ray
+past the lease TTL, then SIGCONT), ``zombie_host`` (a frozen host is declared dead and
+another host serves its agents until it wakes with their old States in memory), ``ledger_kill`` (the SQLite ledger actor; Ray
 restarts it on the same file), ``pg_restart`` (the PostgreSQL server, at most once per
 run, under ``pg_support.RESTART_LOCK``), ``runner_kill``, ``drain`` (then ``undrain``) and ``zombie``
 (a lifecycle operation moves an identity's token on, then writes presented with the
