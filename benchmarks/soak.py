@@ -90,7 +90,7 @@ def percentile(samples: list[float], fraction: float) -> float | None:
 
 class Soak:
     def __init__(self, fleet: rf.Fleet, churn_fleet: rf.Fleet, tell_fleet: rf.Fleet, *, agents: int,
-                 clients: int) -> None:
+                 clients: int, dedup_capacity: int = 10_000) -> None:
         self.fleet = fleet
         self.churn_fleet = churn_fleet
         self.tell_fleet = tell_fleet
@@ -100,7 +100,10 @@ class Soak:
         self.counts: dict[str, int] = {"call": 0, "tell": 0, "checkpoint": 0, "spawn": 0, "delete": 0, "error": 0}
         self.errors: dict[str, int] = {}
         self.clients = clients
-        self.every = [fleet.spawn(f"soak/every/{i}", SoakCounter) for i in range(agents)]
+        # Keyed calls fill each agent's dedup window (up to dedup_capacity keys): host memory grows
+        # until the windows are full; a small capacity shows the plateau within minutes.
+        self.every = [fleet.spawn(f"soak/every/{i}", SoakCounter, dedup_capacity=dedup_capacity)
+                      for i in range(agents)]
         self.deferred = [fleet.spawn(f"soak/deferred/{i}", SoakCounter, durability=rf.Durability.ON_DEACTIVATE)
                          for i in range(max(1, agents // 10))]
 
@@ -227,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=10.0, help="seconds between samples (default 10)")
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--dedup-capacity", type=int, default=10_000,
+                        help="idempotency keys each agent remembers (default 10,000, the spawn default)")
     parser.add_argument("--ledger", default=None, help="a postgresql:// URL (default: the SQLite ledger)")
     parser.add_argument("--max-slope", type=float, default=1.0, help="MB per minute a process may grow (default 1)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "soak.json"))
@@ -242,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         churn_fleet = rf.connect(storage=Path(folder) / "store", **options)
         tell_fleet = rf.connect(storage=Path(folder) / "store", **options)
         try:
-            soak = Soak(fleet, churn_fleet, tell_fleet, agents=args.agents, clients=args.clients)
+            soak = Soak(fleet, churn_fleet, tell_fleet, agents=args.agents, clients=args.clients,
+                        dedup_capacity=args.dedup_capacity)
             outcome = soak.run(seconds=args.minutes * 60, every=args.sample)
             statistics_ = fleet.host_statistics()
         finally:
@@ -257,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": args.minutes,
         "sample_seconds": args.sample,
         "ledger": "postgresql" if args.ledger else "sqlite",
+        "dedup_capacity": args.dedup_capacity,
         "memory": memory,
         "p99_ms": {"min": min(p99s, default=None), "max": max(p99s, default=None),
                    "median": statistics.median(p99s) if p99s else None},
