@@ -1,4 +1,5 @@
-"""Shared by unit and integration tests: a real S3-compatible server on 127.0.0.1, and tests/support on the path."""
+"""Shared by every test folder: the one local Ray of the session, a real S3-compatible server on 127.0.0.1,
+and tests/support on the path."""
 
 from __future__ import annotations
 
@@ -10,11 +11,20 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+import ray
 
 # Helpers under tests/support are importable from every test folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 S3_BUCKET = "rayfleet-tests"
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray per test session, shared by tests/integration and tests/chaos (their conftests use it)."""
+    ray.init(num_cpus=2, include_dashboard=False, namespace="rayfleet-tests", log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 import ray
 
-from ..errors import RayfleetError
+from ..errors import LedgerUnavailableError, RayfleetError
 from ..identity._values import (
     ContinuityRecord,
     LeaseDenied,
@@ -260,8 +260,24 @@ class LedgerActor:
         return _answer(self._refusal, self._ledger.hosts, args, kwargs)
 
 
+def _unreachable(error: ray.exceptions.RayActorError) -> LedgerUnavailableError:
+    """The ledger actor died or is restarting: the typed, retryable error, never Ray's own.
+
+    The call may have run before the actor died, so a write's outcome is unknown.
+    """
+    return LedgerUnavailableError(
+        location=f"the ledger actor {LEDGER_ACTOR_NAME!r}", detail=f"{type(error).__name__} (it restarts by itself)",
+        committed_unknown=True,
+    )
+
+
 class _RayCall(Generic[T]):
-    """A :class:`LedgerCall` in flight on the ledger actor."""
+    """A :class:`LedgerCall` in flight on the ledger actor.
+
+    A ledger actor that dies or restarts under the call raises ``LedgerUnavailableError``
+    (retryable, ``committed_unknown``), so hosts, the runner and the driver see the
+    ledger's typed error, not a Ray exception or an "internal error".
+    """
 
     __slots__ = ("_ref",)
 
@@ -269,11 +285,18 @@ class _RayCall(Generic[T]):
         self._ref = ref
 
     def __await__(self) -> Generator[Any, None, T]:
-        reply = yield from self._ref.__await__()
+        try:
+            reply = yield from self._ref.__await__()
+        except ray.exceptions.RayActorError as error:
+            raise _unreachable(error) from error
         return _unwrap(reply)  # type: ignore[no-any-return]
 
     def result(self, timeout: float | None = None) -> T:
-        return _unwrap(ray.get(self._ref, timeout=timeout))  # type: ignore[no-any-return]
+        try:
+            reply = ray.get(self._ref, timeout=timeout)
+        except ray.exceptions.RayActorError as error:
+            raise _unreachable(error) from error
+        return _unwrap(reply)  # type: ignore[no-any-return]
 
 
 class RayLedgerClient:

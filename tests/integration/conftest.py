@@ -9,7 +9,6 @@ from typing import Any
 
 import pg_support
 import pytest
-import ray
 
 import rayfleet as rf
 
@@ -20,11 +19,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def ray_session() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, namespace="rayfleet-tests", log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def _shared_ray(ray_session: None) -> None:
+    """The session's one local Ray (``ray_session`` in tests/conftest.py, shared with tests/chaos)."""
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import time
 from collections import Counter as Tally
@@ -34,23 +32,11 @@ class Counter(rf.Agent):
         return total
 
 
-def _restart_command() -> list[str] | None:
-    """How to restart the local test server, or ``None`` when this machine cannot."""
-    if shutil.which("pg_ctlcluster") is None or shutil.which("pg_lsclusters") is None:
-        return None
-    listing = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False)
-    for line in listing.stdout.splitlines():
-        version, cluster, port, *_ = line.split()
-        if port == "5432":
-            return ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"]
-    return None
-
-
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_a_postgresql_restart_mid_load_loses_nothing_acknowledged(postgres_ledger: str, make_fleet: Any) -> None:
     # postgres_ledger comes first, so its database outlives the fleets make_fleet shuts down.
-    command = _restart_command()
+    command = pg_support.restart_command()
     if command is None:
         pg_support.require()
         pytest.skip("the test PostgreSQL server is not a local cluster this test can restart (pg_ctlcluster)")
@@ -61,7 +47,7 @@ def test_a_postgresql_restart_mid_load_loses_nothing_acknowledged(postgres_ledge
     restarted = threading.Event()
 
     def restart() -> None:
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        pg_support.restart_server(command)  # under the lock every restart of the shared server holds
         restarted.set()
 
     restarter = threading.Thread(target=restart)

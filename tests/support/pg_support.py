@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
+import shutil
+import subprocess
 import uuid
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -93,3 +96,26 @@ def drop_database(url: str) -> None:
     schema = parse_qs(urlsplit(url).query).get("options", ["=x"])[0].split("=", 1)[1]
     with psycopg.connect(_url(_session_database()), autocommit=True) as connection:
         connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+RESTART_LOCK = "/tmp/rayfleet-test-postgres-restart.lock"
+"""Held (``flock``) around every restart of the shared test server, so two test processes never restart it at once."""
+
+
+def restart_command() -> list[str] | None:
+    """How to restart the local test server on port 5432 (``pg_ctlcluster``), or ``None`` when this machine cannot."""
+    if shutil.which("pg_ctlcluster") is None or shutil.which("pg_lsclusters") is None:
+        return None
+    listing = subprocess.run(["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False)
+    for line in listing.stdout.splitlines():
+        version, cluster, port, *_ = line.split()
+        if port == "5432":
+            return ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"]
+    return None
+
+
+def restart_server(command: list[str]) -> None:
+    """Restart the shared test server with ``command`` (from :func:`restart_command`), holding :data:`RESTART_LOCK`."""
+    with open(RESTART_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(command, check=True, capture_output=True, timeout=120)

@@ -1,0 +1,49 @@
+"""A SQLite ledger actor that is gone answers with the typed, retryable rf.LedgerUnavailableError.
+
+Found by the chaos suite: while the ledger actor restarted, a turn whose commit was in
+flight reached its caller as a generic "internal error ... this is a rayfleet bug" from
+the host, and driver calls raised Ray's own ``ActorDiedError``/``ActorUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+import rayfleet as rf
+
+
+class Counter(rf.Agent):
+    class State(rf.State):
+        total: int = 0
+
+    @rf.handler
+    async def add(self, n: int) -> int:
+        self.state.total += n
+        total: int = self.state.total
+        return total
+
+
+@pytest.mark.timeout(120)
+def test_calls_while_the_ledger_actor_is_gone_raise_ledger_unavailable(tmp_path: Path) -> None:
+    options = {"storage": tmp_path / "store", "namespace": f"t-{uuid.uuid4().hex[:10]}", "hosts": 1}
+    fleet = rf.connect(**options)  # type: ignore[arg-type]
+    try:
+        ref = fleet.spawn("outage/counter", Counter)
+        assert ref.call("add", n=1) == 1
+        # Gone for good (no restart), so every later ledger call meets a dead actor.
+        ray.kill(ray.get_actor("rayfleet-ledger", namespace=fleet.config.namespace), no_restart=True)
+        with pytest.raises(rf.LedgerUnavailableError) as from_driver:
+            for _ in range(50):  # ray.kill returns before the actor is dead
+                fleet.status("outage/counter")
+        assert from_driver.value.committed_unknown and "rayfleet-ledger" in str(from_driver.value)
+        # A turn on the host: its commit meets the dead ledger; the caller gets the typed error too.
+        with pytest.raises(rf.LedgerUnavailableError) as from_host:
+            ref.call("add", n=1, timeout=30)
+        assert isinstance(from_host.value, ConnectionError)  # retryable, like every LedgerUnavailableError
+    finally:
+        # A second connect starts a new ledger actor on the same file, so the fleet can be shut down.
+        rf.connect(**options).shutdown(stop_actors=True)  # type: ignore[arg-type]
