@@ -63,6 +63,29 @@ def _url_connect_timeout(url: str, default: float = 10.0) -> float:
     return seconds if 0 < seconds < math.inf else default
 
 
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 2_000
+"""A session idle inside a transaction this long is ended by the server, releasing its locks.
+
+Every ledger transaction runs its statements back to back, so a transaction left idle
+means its process is frozen (SIGSTOP, a stuck event loop) or gone; without this, the
+lease rows it touched stay locked for as long as it is frozen, and the host taking its
+identities over would wait on them."""
+LOCK_TIMEOUT_MS = 5_000
+"""A statement waiting this long for a row lock fails (retried, then ``LedgerUnavailableError``)
+instead of waiting without bound."""
+
+
+_ENDED_WHILE_IDLE = pg_errors.IdleInTransactionSessionTimeout
+
+
+def _configure_session(connection: psycopg.Connection[Row]) -> None:
+    # Set per session when the pool opens a connection; the URL's own options (such as a
+    # search_path) are left as they are.
+    connection.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+    connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+    connection.commit()
+
+
 class _Transaction:
     """A psycopg connection seen through the stores' portable SQL (``?`` placeholders)."""
 
@@ -136,6 +159,7 @@ class PostgresDatabase:
             # past a minute, so calls failed long after the server was back.
             reconnect_timeout=max(5.0, 2 * connect_timeout),
             kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
+            configure=_configure_session,
             name="rayfleet-ledger",
         )
         try:
@@ -192,8 +216,10 @@ class PostgresDatabase:
                 if conflicts >= CONFLICT_RETRY.max_attempts:
                     raise
                 time.sleep(CONFLICT_RETRY.delay_for(conflicts - 1))
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as error:
-                if committing:
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout, _ENDED_WHILE_IDLE) as error:
+                # The server ends a session idle inside a transaction (this process was frozen)
+                # and rolls it back: nothing was committed, whatever step it was at.
+                if committing and not isinstance(error, _ENDED_WHILE_IDLE):
                     raise LedgerUnavailableError(location=self._location, detail=str(error).strip(),
                                                  committed_unknown=True) from None
                 connection_losses += 1

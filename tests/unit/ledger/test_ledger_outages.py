@@ -189,3 +189,58 @@ async def test_postgresql_lost_mid_run_refuses_calls_retryably_and_recovers(
         assert views["t/b"].continuity is not None and views["t/b"].continuity.checkpoint_version == 1
     finally:
         check.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_frozen_writer_does_not_hold_lease_rows_locked_for_others(postgres_url: str) -> None:
+    # A host stopped (SIGSTOP) inside a ledger transaction holds the row locks it took; the
+    # server ends such an idle transaction, so the host taking over is not blocked for as
+    # long as the frozen one stays frozen.
+    import threading
+
+    frozen_ledger = Ledger(PostgresDatabase(postgres_url, connect_timeout=5))
+    heir_ledger = Ledger(PostgresDatabase(postgres_url, connect_timeout=5))
+    register(frozen_ledger, "t/a")
+    frozen_ledger.acquire(holder="frozen", identities=["t/a"], ttl=0.001)  # a lease row, lapsed at once
+    holding = threading.Event()
+    thaw = threading.Event()
+    outcome: list[BaseException | None] = []
+    attempts: list[int] = []
+
+    def freeze_inside_a_transaction(tx: object) -> None:
+        attempts.append(1)
+        tx.execute("SELECT holder FROM leases WHERE identity = ? FOR UPDATE", ("t/a",))  # type: ignore[attr-defined]
+        tx.execute("UPDATE leases SET expires_at = expires_at WHERE identity = ?", ("t/a",))  # type: ignore[attr-defined]
+        holding.set()
+        thaw.wait(60)  # the process is "frozen" here, its transaction open and idle
+
+    def frozen() -> None:
+        try:
+            frozen_ledger._db.write(freeze_inside_a_transaction)  # type: ignore[arg-type]
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=frozen, daemon=True)
+    worker.start()
+    try:
+        assert holding.wait(30)
+        # Before the fix this waited until the frozen transaction ended (thaw, 60 s).
+        granted = heir_ledger.acquire(holder="heir", identities=["t/a"], ttl=10.0)["t/a"]
+        assert not thaw.is_set(), "the heir waited for the frozen transaction"
+        assert getattr(granted, "grant", None) is not None, granted
+    finally:
+        thaw.set()
+        worker.join(30)
+        frozen_ledger.close()
+        heir_ledger.close()
+    # The server ended the frozen transaction; once thawed, the writer ran it again on a new
+    # connection (a fenced write would then be refused: the heir holds a larger token).
+    assert outcome == [None] and len(attempts) == 2
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    url = pg_support.create_database()
+    yield url
+    pg_support.drop_database(url)
