@@ -357,6 +357,8 @@ class Courier:
                 continue
             if reply.done():
                 return reply.result()
+            # Whatever the abandoned copy ends with (most often TaskCancelledError) is nobody's news.
+            reply.add_done_callback(lambda future: future.cancelled() or future.exception())
             _cancel(pending)
             return _ABANDONED
 
