@@ -131,7 +131,14 @@ class RayfleetError(Exception):
     @property
     def cause(self) -> BaseException | None:
         """The exception this one was raised from, if any."""
-        return self.__cause__
+        return self.__dict__.get("_cause", self.__cause__)
+
+    @cause.setter
+    def cause(self, value: BaseException | None) -> None:
+        # Ray wraps an error raised in a task in a subclass of both RayTaskError and the
+        # error's class, whose __init__ assigns ``self.cause``; without a setter Ray gives up
+        # and the caller gets a bare RayTaskError instead of the typed error.
+        self.__dict__["_cause"] = value
 
 
 def _rebuild_error(cls: type[RayfleetError], message: str, attributes: dict[str, Any]) -> RayfleetError:
