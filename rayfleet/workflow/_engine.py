@@ -14,13 +14,17 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import (
     BudgetExceededError,
     DeadlineExceededError,
+    FleetUnavailableError,
     InternalError,
     InvalidSpecError,
+    LeaseLostError,
+    LedgerUnavailableError,
     RayfleetError,
     RunCancelledError,
     RunOwnedElsewhereError,
     StaleRunTokenError,
     StepFailedError,
+    StorageUnavailableError,
     is_retryable,
 )
 from ..identity._handlers import Reply, Usage
@@ -43,6 +47,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_POLL_INTERVAL = 0.2
 """Seconds between status polls while a run is paused."""
 COMPENSATION_RETRY = RetryPolicy(max_attempts=3, base_delay=0.05)
+INFRASTRUCTURE_RETRY = RetryPolicy(max_attempts=8, base_delay=0.2, max_delay=5.0)
+"""Re-sends of one dispatch that met a failover or an outage rather than its handler's verdict.
+
+The owner lost its lease mid-turn, no host could be reached, or the ledger or storage
+was away: the turn left no effect (or, when the outcome is unknown, the same idempotency
+key makes a re-send answer from the committed reply), so it is sent again under the same
+key, without counting against the step's own retry policy, until the step timeout."""
+_INFRASTRUCTURE_FAILURES = (LeaseLostError, FleetUnavailableError, LedgerUnavailableError, StorageUnavailableError)
 TIMEOUT_GRACE = 1.0
 """Seconds the engine waits past a step timeout before giving up on a dispatcher that ignores it."""
 STEP_LEASE_POLL = 0.05
@@ -467,19 +479,30 @@ class WorkflowEngine:
         self, *, target: str, method: str, payload: dict[str, Any], key: str, timeout: float,
         conversation: str | None = None, fence: int | None = None,
     ) -> tuple[Any, int]:
-        try:
-            result = await asyncio.wait_for(
-                self._dispatcher.call(
-                    target=target, method=method, payload=payload, idempotency_key=key, timeout=timeout,
-                    conversation=conversation, fence=fence,
-                ),
-                timeout + TIMEOUT_GRACE,
-            )
-        except TimeoutError as error:
-            if isinstance(error, RayfleetError):
-                raise
-            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from error
-        return _unpack_reply(result)
+        deadline = time.monotonic() + timeout
+        for resend in range(INFRASTRUCTURE_RETRY.max_attempts):
+            remaining = timeout if resend == 0 else max(deadline - time.monotonic(), 0.0)
+            try:
+                result = await asyncio.wait_for(
+                    self._dispatcher.call(
+                        target=target, method=method, payload=payload, idempotency_key=key, timeout=remaining,
+                        conversation=conversation, fence=fence,
+                    ),
+                    remaining + TIMEOUT_GRACE,
+                )
+            except _INFRASTRUCTURE_FAILURES as error:
+                pause = INFRASTRUCTURE_RETRY.delay_for(resend, rng=self._rng)
+                if resend + 1 == INFRASTRUCTURE_RETRY.max_attempts or time.monotonic() + pause >= deadline:
+                    raise
+                logger.info("step dispatch %s to %r met %s; sending it again", key, target, type(error).__name__)
+                await asyncio.sleep(pause)
+                continue
+            except TimeoutError as error:
+                if isinstance(error, RayfleetError):
+                    raise
+                raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from error
+            return _unpack_reply(result)
+        raise InternalError(detail=f"dispatch {key} ended its re-send loop without an answer")
 
     async def _with_retries(
         self, step: Step, target: str, *, epoch: int, counter: list[int], timeout: float,
