@@ -621,7 +621,8 @@ class ChaosRun:
         if len(names) < 2:
             self.notes.append("drain skipped: only one host")
             return
-        name = self.random.choice(names)
+        # The busiest host: identities stay where they moved, so a random pick is often empty.
+        name = max(names, key=lambda host: (len(self._owned_by(host)), self.random.random()))
         fault = self.history.fault(Fault("drain", name, time.monotonic(), hit=self._owned_by(name)))
         try:
             released = fleet.drain(name, timeout=15)
