@@ -62,7 +62,9 @@ DRIVER = textwrap.dedent('''
             break
         time.sleep(0.1)
     statuses = {identity: fleet.status(identity) for identity in moving}
+    ledger_node = node_of("rayfleet-ledger")
     print(json.dumps({
+        "ledger_on_worker": ledger_node == worker_node,
         "doomed": doomed,
         "moving": moving,
         "draining": sorted(info.name for info in fleet.hosts() if info.draining),
@@ -114,6 +116,8 @@ def test_hosts_on_a_node_ray_drains_move_their_agents_off_it(tmp_path: Path) -> 
         _kill_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
+    # R6: the SQLite ledger's actor is pinned to the head node, where its file is, never spread.
+    assert result["ledger_on_worker"] is False
     assert result["doomed"], "no host was placed on the worker node"
     assert result["moving"], "no agent was owned by a host on the worker node"
     assert set(result["doomed"]) <= set(result["draining"])

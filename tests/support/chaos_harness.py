@@ -190,6 +190,8 @@ class Fault:
     hit: list[str] | None = None
     """Identities the fault hit; ``None`` means every identity."""
     detail: str = ""
+    longest: str = ""
+    """The operation that waited longest because of this fault: seconds, process, identity."""
 
 
 class History:
@@ -882,7 +884,7 @@ class ChaosRun:
         from ``max(first invoke, fault start)`` to its ok; operations on identities the
         fault did not hit are not counted.
         """
-        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        spans: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
         first: dict[int, float] = {}
         for event in self.history.events:
             if event.process == "parker":
@@ -890,16 +892,18 @@ class ChaosRun:
             if event.type == "invoke":
                 first.setdefault(event.op, event.time)
             elif event.type == "ok":
-                spans[event.identity].append((first[event.op], event.time))
+                spans[event.identity].append((first[event.op], event.time, event.process))
         worst: dict[str, float] = {}
         for fault in self.history.faults:
             end = fault.end or fault.start
             hit = spans.keys() if fault.hit is None else fault.hit
             longest = 0.0
             for identity in hit:
-                for begin, done in spans.get(identity, ()):
-                    if begin <= end + 1.0 and done >= fault.start:
-                        longest = max(longest, done - max(begin, fault.start))
+                for begin, done, process in spans.get(identity, ()):
+                    if begin <= end + 1.0 and done >= fault.start and done - max(begin, fault.start) > longest:
+                        longest = done - max(begin, fault.start)
+                        fault.longest = (f"{longest:.2f} s: {process} on {identity}, invoked "
+                                         f"{begin - fault.start:+.2f} s from the fault's start")
             if fault.kind == "runner_kill":
                 # Runs in flight when the runner died: how long after the kill they ended.
                 for plan in self.runs.values():
