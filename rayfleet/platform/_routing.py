@@ -47,6 +47,8 @@ def probe_interval_for(lease_ttl: float) -> float:
     return min(OWNER_PROBE_INTERVAL, lease_ttl / 4)
 
 
+DIRECTORY_MAX_AGE = 10.0
+"""Seconds after which a request re-reads the ledger's host list before it is routed."""
 SUSPECT_FOR = 10.0
 """Seconds placement passes over a host that held a request while the identity's lease lapsed."""
 
@@ -219,6 +221,9 @@ class CallPlan:
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)
         self.directory.suspect(host)
+        # Re-read the host list before the next hop: a host this directory still believes
+        # draining may have been undrained by another driver, and may be the only one left.
+        self.needs_refresh = True
         return False
 
     def on_failure(self, host: str, error: BaseException) -> None:
@@ -251,6 +256,14 @@ class Courier:
         self.directory = directory
         self.ledger = ledger
         self.probe_interval = probe_interval
+        self._refreshed_at = time.monotonic()
+
+    def _plan(self, identity: str) -> CallPlan:
+        plan = CallPlan(self.directory, identity)
+        # Other drivers add, drain and undrain hosts; a directory older than this re-reads the
+        # host list first, so placement never keeps passing over a host that is back.
+        plan.needs_refresh = time.monotonic() - self._refreshed_at > DIRECTORY_MAX_AGE
+        return plan
 
     def refresh_sync(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
@@ -259,6 +272,7 @@ class Courier:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
         self.directory.update(self.ledger.hosts().result())
+        self._refreshed_at = time.monotonic()
 
     async def refresh_async(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
@@ -267,6 +281,7 @@ class Courier:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
         self.directory.update(await self.ledger.hosts())
+        self._refreshed_at = time.monotonic()
 
     def route_sync(self, identity: str, request: HostRequest, *, method: str, timeout: float | None = None) -> Any:
         """Apply ``request`` to the owner of ``identity`` and return its value, following redirects.
@@ -278,7 +293,7 @@ class Courier:
         Raises:
             ray.exceptions.GetTimeoutError: no reply within ``timeout`` seconds.
         """
-        plan = CallPlan(self.directory, identity)
+        plan = self._plan(identity)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if plan.needs_refresh:
@@ -323,7 +338,7 @@ class Courier:
 
     async def route_async(self, identity: str, request: HostRequest, *, method: str) -> Any:
         """:meth:`route_sync`, awaited."""
-        plan = CallPlan(self.directory, identity)
+        plan = self._plan(identity)
         while True:
             if plan.needs_refresh:
                 await _pause_async(plan.hops)

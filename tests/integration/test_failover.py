@@ -124,3 +124,31 @@ def test_a_host_that_gets_sigterm_drains_before_it_exits(make_fleet) -> None:
         assert status.lease is None  # released, not left to lapse
     for ref in refs:
         assert ref.call("write", line="again") == 2  # the unsaved line survived the host's exit
+
+
+@pytest.mark.timeout(180)
+def test_failover_reaches_a_host_another_driver_undrained(make_fleet, storage) -> None:
+    # Driver B last saw host X draining; driver A has since undrained it. When the only other
+    # host freezes, B must find X again rather than wait on the frozen host (found by the chaos suite).
+    control: rf.Fleet = make_fleet(hosts=2, lease_ttl=TTL)
+    client = rf.connect(storage=storage, namespace=control.config.namespace, hosts=2, lease_ttl=TTL)
+    refs = [client.agent(control.spawn(f"undrained/{i}", Counter).identity) for i in range(6)]
+    for ref in refs:
+        assert ref.call("add", n=1, idempotency_key="1") == 1
+    drained = control.status(refs[0].identity).host
+    assert drained is not None
+    control.drain(drained)
+    for ref in refs:  # B learns that X drains, and its agents move to the other host
+        assert ref.call("add", n=1, idempotency_key="2") == 2
+    (other,) = {info.name for info in control.hosts()} - {drained}
+    assert {control.status(ref.identity).host for ref in refs} == {other}
+    control.undrain(drained)
+
+    pid = _pid(control, other)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        answers = [ref.call("add", n=1, idempotency_key="3") for ref in refs]
+        assert answers == [3] * len(refs)
+        assert {control.status(ref.identity).host for ref in refs} == {drained}  # while the other is stopped
+    finally:
+        os.kill(pid, signal.SIGCONT)
