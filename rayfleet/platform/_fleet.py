@@ -51,7 +51,7 @@ from ._host_actor import AgentHost
 from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
 from ._ref import AgentRef, send
-from ._routing import Courier, HostDirectory, HostRequest, _HostGone, probe_interval_for
+from ._routing import Courier, HostDirectory, HostRequest, _HostGone
 from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerClient,
@@ -208,7 +208,7 @@ class Fleet:
         self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
                                     node=config.ledger_node)
         self._courier = Courier(
-            HostDirectory(config.namespace), self._ledger, probe_interval=probe_interval_for(config.lease_ttl)
+            HostDirectory(config.namespace), self._ledger, lease_ttl=config.lease_ttl
         )
         self._runner = RunnerClient(config.namespace, self.ledger_location.url, self.storage)
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))

@@ -53,7 +53,6 @@ from ._routing import (
     Courier,
     HostDirectory,
     deliver_request,
-    probe_interval_for,
 )
 from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
@@ -208,7 +207,7 @@ class AgentHost:
     async def _start_once(self) -> None:
         try:
             ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
-            courier = Courier(HostDirectory(self.namespace), ledger, probe_interval=probe_interval_for(self._lease_ttl))
+            courier = Courier(HostDirectory(self.namespace), ledger, lease_ttl=self._lease_ttl)
             self.courier = courier  # the runtime's router sends through it
             runtime = HostRuntime(
                 name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),

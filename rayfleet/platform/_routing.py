@@ -32,7 +32,7 @@ from ..errors import FleetUnavailableError, InvalidArgumentsError
 from ..host._messages import Envelope
 from ..host._runtime import holder_host
 from ..ledger._contract import LedgerClient
-from ..ledger._values import HostInfo, LeaseView
+from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView
 from ..retry import RetryPolicy
 
 log = logging.getLogger("rayfleet.routing")
@@ -165,6 +165,7 @@ class CallPlan:
         self.hops = 0
         self.needs_refresh = False
         self.dead_hosts: list[tuple[str, str | None]] = []
+        self._held_by: set[str] = set()
 
     def target(self) -> tuple[str, ray.actor.ActorHandle]:
         while True:
@@ -203,21 +204,27 @@ class CallPlan:
         self.needs_refresh = True
         return False, None
 
-    def on_probe(self, host: str, lease: LeaseView | None) -> bool:
-        """Decide about a request ``host`` has not answered for a probe interval.
+    def on_probe(self, host: str, lease: LeaseView | None, *, waited: float, patience: float) -> bool:
+        """Decide about a request ``host`` has not answered for ``waited`` seconds.
 
-        Returns ``True`` to keep waiting (``host`` holds a live lease, so it is alive and
-        renewing), ``False`` to abandon the request and send it again: to the holder when
-        another host holds the lease, else to the next live host (``host`` is suspect).
+        Returns ``True`` to keep waiting, ``False`` to abandon the request and send it
+        again. ``host`` holding a live lease is alive and renewing: wait. Another holder:
+        re-send to it. No live lease: if ``host`` held it earlier in this wait, it let it
+        lapse (frozen, or cut off from the ledger): fail over at once. If it never held it,
+        it may still be activating under load (acquiring, loading the snapshot), so it gets
+        ``patience`` seconds (a lease TTL) before it is taken for frozen.
         """
         if lease is not None:
             owner = holder_host(lease.holder)
             if owner == host:
+                self._held_by.add(host)
                 return True
             log.warning("%s moved from %s to %s while a request waited; re-sending", self.identity, host, owner)
             self.directory.remember(self.identity, owner)
             self.needs_refresh = owner not in self.directory.names
             return False
+        if host not in self._held_by and waited < patience:
+            return True
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)
         self.directory.suspect(host)
@@ -251,11 +258,13 @@ class Courier:
     """
 
     def __init__(
-        self, directory: HostDirectory, ledger: LedgerClient, *, probe_interval: float = OWNER_PROBE_INTERVAL
+        self, directory: HostDirectory, ledger: LedgerClient, *, lease_ttl: float = DEFAULT_LEASE_TTL
     ) -> None:
         self.directory = directory
         self.ledger = ledger
-        self.probe_interval = probe_interval
+        self.probe_interval = probe_interval_for(lease_ttl)
+        self.patience = lease_ttl
+        """Seconds a host that never held the identity's lease gets to activate it before it is suspect."""
         self._refreshed_at = time.monotonic()
 
     def _plan(self, identity: str) -> CallPlan:
@@ -316,6 +325,7 @@ class Courier:
 
     def _wait_sync(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any], deadline: float | None) -> Any:
         """The reply to ``pending``, or :data:`_ABANDONED` when its host no longer owns the identity."""
+        sent = time.monotonic()
         while True:
             wait = self.probe_interval
             if deadline is not None:
@@ -328,7 +338,7 @@ class Courier:
                 # retry under the same idempotency key then gets its reply).
                 raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
             lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
-            if plan.on_probe(host, lease):
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
                 continue
             ready, _ = ray.wait([pending], timeout=0)
             if ready:  # answered while the ledger was asked: the reply stands
@@ -363,12 +373,13 @@ class Courier:
         waiting: the turn goes on, as with the blocking path's timeout.
         """
         reply: asyncio.Future[Any] = asyncio.wrap_future(pending.future())
+        sent = time.monotonic()
         while True:
             done, _ = await asyncio.wait({reply}, timeout=self.probe_interval)
             if done:
                 return reply.result()
             lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
-            if plan.on_probe(host, lease):
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
                 continue
             if reply.done():
                 return reply.result()
