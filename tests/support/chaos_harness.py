@@ -821,6 +821,9 @@ class ChaosRun:
     def _check_runs(self, fleet: rf.Fleet) -> None:
         self.run_stats = Tally()
         reports: dict[str, dict[str, Any]] = {}
+        # Every run is waited for before any agent's State is read: a report taken when an
+        # earlier run finished could predate a later run's steps on the same agents.
+        outcomes: dict[str, Any] = {}
         for run_id, plan in self.runs.items():
             if plan["submitted"] is None:
                 self.run_stats["not submitted"] += 1
@@ -838,6 +841,9 @@ class ChaosRun:
             if outcome is None:
                 self.violations.append(f"run {run_id} did not finish: {plan.get('wait_error')}")
                 continue
+            outcomes[run_id] = outcome
+        for run_id, outcome in outcomes.items():
+            plan = self.runs[run_id]
             status = outcome.status
             with contextlib.suppress(Exception):
                 plan["finished_wall"] = fleet.runs.get(run_id).updated_at
