@@ -11,6 +11,7 @@ cap, so neither grows with the traffic an agent has ever seen.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import time
@@ -79,6 +80,13 @@ class Envelope:
         Raises:
             InvalidSpecError: naming the field and what it must be.
         """
+        missing = [field.name for field in dataclasses.fields(self) if not hasattr(self, field.name)]
+        if missing:
+            # Pickled by an older or foreign client whose Envelope lacked these fields.
+            raise InvalidSpecError(
+                f"malformed message: missing field(s) {', '.join(missing)}; send it with this rayfleet version",
+                field="envelope",
+            )
         problem = _envelope_problem(self)
         if problem:
             raise InvalidSpecError(f"malformed message to {self.target!r}: {problem}", field="envelope")

@@ -52,7 +52,8 @@ def forge(**fields: Any) -> rf.Envelope:
     """An Envelope whose fields were never validated (what unpickling a forged one gives the host)."""
     envelope = object.__new__(rf.Envelope)
     base = {"target": "vault/a", "method": "get", "args": (), "kwargs": {}, "sender": None, "idempotency_key": None,
-            "deadline": None, "conversation": None, "fence": None, "message_id": "m-1", "sent_at": time.time()}
+            "deadline": None, "conversation": None, "fence": None, "message_id": "m-1", "sent_at": time.time(),
+            "chain": ()}
     for name, value in {**base, **fields}.items():
         object.__setattr__(envelope, name, value)
     return envelope

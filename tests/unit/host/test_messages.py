@@ -104,3 +104,13 @@ def test_malformed_envelopes_are_refused_with_the_reason(fields: dict[str, objec
     options: dict[str, object] = {"target": "a", "method": "m", **fields}
     with pytest.raises(rf.InvalidSpecError, match=problem):
         rf.Envelope(**options)  # type: ignore[arg-type]
+
+
+def test_an_envelope_missing_a_field_is_refused_by_check() -> None:
+    # What unpickling an Envelope pickled by an older client (without ``chain``) gives a host.
+    envelope = object.__new__(rf.Envelope)
+    for name in ("target", "method", "args", "kwargs", "sender", "idempotency_key", "deadline", "conversation",
+                 "fence", "message_id", "sent_at"):
+        object.__setattr__(envelope, name, getattr(rf.Envelope(target="a/1", method="get"), name))
+    with pytest.raises(rf.InvalidSpecError, match="missing field.*chain"):
+        envelope.check()
