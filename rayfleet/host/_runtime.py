@@ -768,17 +768,17 @@ class HostRuntime:
 
     async def deactivate_all(self, *, concurrency: int = 64) -> int:
         gate = asyncio.Semaphore(concurrency)
-
-        async def one(identity: str) -> bool:
-            async with gate:
-                try:
-                    return await self.deactivate(identity)
-                except RayfleetError as error:
-                    log.warning("deactivating %s failed: %s", identity, error)
-                    return False
-
-        results = await asyncio.gather(*(one(identity) for identity in list(self._entries)))
+        results = await asyncio.gather(*(self._deactivate_gated(identity, gate) for identity in list(self._entries)))
         return sum(results)
+
+    async def _deactivate_gated(self, identity: str, gate: asyncio.Semaphore) -> bool:
+        """:meth:`deactivate` with at most ``gate``'s count at once; a failure is logged and counts as not done."""
+        async with gate:
+            try:
+                return await self.deactivate(identity)
+            except RayfleetError as error:
+                log.warning("deactivating %s on %s failed: %s", identity, self.name, error)
+                return False
 
     async def drain(self, timeout: float) -> DrainReport:
         """Take no new activations and move every agent off this host within ``timeout`` seconds.
@@ -792,13 +792,10 @@ class HostRuntime:
         """
         self.draining = True
         entries = list(self._entries.values())
-        jobs = {asyncio.ensure_future(self.deactivate(entry.spec.identity)): entry for entry in entries}
+        gate = asyncio.Semaphore(64)
+        jobs = [asyncio.ensure_future(self._deactivate_gated(entry.spec.identity, gate)) for entry in entries]
         done, late = await asyncio.wait(jobs, timeout=timeout) if jobs else (set(), set())
         checkpointed = sum(1 for job in done if not job.cancelled() and job.exception() is None and job.result())
-        for job in done:
-            if not job.cancelled() and job.exception() is not None:
-                log.warning("draining %s: deactivating %s failed: %s", self.name, jobs[job].spec.identity,
-                            job.exception())
         stragglers = [entry for entry in entries if not entry.dropped]
         tokens = {entry.spec.identity: entry.grant.fencing_token for entry in stragglers}
         for entry in stragglers:
