@@ -85,6 +85,7 @@ import logging
 import random
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -138,6 +139,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("rayfleet.runtime")
 
 T = TypeVar("T")
+
+# Specs unpickled recently, by fingerprint: a re-activation skips the unpickling. Bounded,
+# because the identity is part of the fingerprint and a host may see millions of identities
+# pass through; an active agent holds its own spec, so eviction only costs a re-unpickle.
+SPEC_CACHE_SIZE = 1024
 
 RENEWAL_RETRY = RetryPolicy(base_delay=1.0, max_delay=64.0, jitter=0.0)
 """Backoff after failed lease renewals, 1 s doubling; the renewal loop caps it at TTL/10 and never stops retrying."""
@@ -312,7 +318,7 @@ class HostRuntime:
         self._activating: dict[str, asyncio.Future[HostedAgent]] = {}
         self._acquire_queue: dict[str, list[asyncio.Future[Activation | LeaseDenied | RayfleetError]]] = {}
         self._acquire_flush: asyncio.Task[None] | None = None
-        self._spec_cache: dict[str, AgentSpec] = {}
+        self._spec_cache: OrderedDict[str, AgentSpec] = OrderedDict()
         # Identities refused at activation while INTERNAL_ONLY: delivery answers an outside
         # caller NOT ADDRESSABLE for them rather than revealing their lifecycle state.
         self._refused_internal: set[str] = set()
@@ -733,7 +739,9 @@ class HostRuntime:
 
     def _spec(self, view: IdentityView) -> AgentSpec:
         spec = self._spec_cache.get(view.fingerprint)
-        if spec is None:
+        if spec is not None:
+            self._spec_cache.move_to_end(view.fingerprint)
+        else:
             try:
                 spec = cloudpickle.loads(view.spec)
             except Exception as error:  # noqa: BLE001 - unpickling a class can raise anything; it is a spec problem
@@ -744,6 +752,8 @@ class HostRuntime:
                     field="agent",
                 ) from None
             self._spec_cache[view.fingerprint] = spec
+            while len(self._spec_cache) > SPEC_CACHE_SIZE:
+                self._spec_cache.popitem(last=False)
         return spec
 
     # -- deactivation -------------------------------------------------------------

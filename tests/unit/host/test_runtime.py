@@ -326,3 +326,19 @@ async def test_respawn_of_a_never_activated_identity_brings_it_up(ledger: Ledger
         record = await host.respawn("c/never")
         assert record.generation == 0 and record.checkpoint_version == 0
         assert (await host.deliver("c/never", "add", (), {"n": 2})).value == 2
+
+
+async def test_the_spec_cache_is_bounded_however_many_identities_pass_through(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One spec per identity (the identity is part of the fingerprint): a host that served
+    # a churn of short-lived identities kept every one of their specs, forever.
+    monkeypatch.setattr("rayfleet.host._runtime.SPEC_CACHE_SIZE", 8)
+    async with runtime(ledger, tmp_path) as host:
+        for n in range(30):
+            register(ledger, f"churn/{n}")
+            assert (await host.deliver(f"churn/{n}", "add", (), {"n": n})).value == n
+            await host.deactivate(f"churn/{n}")
+        assert len(host._spec_cache) <= 8
+        # An identity whose spec left the cache still activates (the ledger has the spec).
+        assert (await host.deliver("churn/0", "add", (), {"n": 1})).value == 1
