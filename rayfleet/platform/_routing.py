@@ -51,6 +51,9 @@ DIRECTORY_MAX_AGE = 10.0
 """Seconds after which a request re-reads the ledger's host list before it is routed."""
 SUSPECT_FOR = 10.0
 """Seconds placement passes over a host that held a request while the identity's lease lapsed."""
+HOLDER_MEMORY = 30.0
+"""Seconds a probe's sighting of a host holding an identity's lease counts for later requests."""
+HOLDER_SIGHTINGS_CAP = 10_000
 
 # Reply kinds a host sends back; a tuple keeps the hot path free of class lookups.
 OK = "ok"
@@ -87,6 +90,11 @@ class HostDirectory:
         self._routes: dict[str, str] = {}
         self.dead: set[str] = set()
         self._suspect_until: dict[str, float] = {}
+        # identity -> (host, when): hosts a probe saw holding the lease of a request that
+        # was not answered yet. Kept across requests because a caller's retry is a new
+        # request: without it, a retry that arrives after the lapse takes a frozen owner
+        # for one still activating. Only slow requests add entries; a reply removes them.
+        self._sightings: dict[str, tuple[str, float]] = {}
 
     def update(self, hosts: Iterable[HostInfo]) -> None:
         """Replace the host list with the ledger's view."""
@@ -107,8 +115,19 @@ class HostDirectory:
     def suspect(self, name: str) -> None:
         """Pass over ``name`` when placing identities for :data:`SUSPECT_FOR` seconds (it looks frozen)."""
         self._suspect_until[name] = time.monotonic() + SUSPECT_FOR
-        for identity in [i for i, host in self._routes.items() if host == name]:
-            del self._routes[identity]
+        self._forget_host(name)
+
+    def saw_holding(self, identity: str, host: str) -> None:
+        """A probe found ``host`` holding the live lease of ``identity``."""
+        now = time.monotonic()
+        if len(self._sightings) >= HOLDER_SIGHTINGS_CAP:
+            self._sightings = {i: s for i, s in self._sightings.items() if now - s[1] < HOLDER_MEMORY}
+        self._sightings[identity] = (host, now)
+
+    def held_recently(self, identity: str, host: str) -> bool:
+        """Whether ``host`` was seen holding the lease of ``identity`` by a probe of an unanswered request."""
+        sighting = self._sightings.get(identity)
+        return sighting is not None and sighting[0] == host and time.monotonic() - sighting[1] < HOLDER_MEMORY
 
     def pick(self, identity: str) -> str:
         route = self._routes.get(identity)
@@ -121,9 +140,11 @@ class HostDirectory:
 
     def remember(self, identity: str, host: str) -> None:
         self._routes[identity] = host
+        self._sightings.pop(identity, None)
 
     def forget(self, identity: str) -> None:
         self._routes.pop(identity, None)
+        self._sightings.pop(identity, None)
 
     def handle(self, name: str) -> ray.actor.ActorHandle:
         handle = self._handles.get(name)
@@ -139,8 +160,13 @@ class HostDirectory:
     def mark_dead(self, name: str) -> None:
         self.dead.add(name)
         self._handles.pop(name, None)
+        self._forget_host(name)
+
+    def _forget_host(self, name: str) -> None:
         for identity in [i for i, host in self._routes.items() if host == name]:
             del self._routes[identity]
+        for identity in [i for i, (host, _) in self._sightings.items() if host == name]:
+            del self._sightings[identity]
 
     def holder_of(self, name: str) -> str | None:
         host = self._hosts.get(name)
@@ -165,7 +191,6 @@ class CallPlan:
         self.hops = 0
         self.needs_refresh = False
         self.dead_hosts: list[tuple[str, str | None]] = []
-        self._held_by: set[str] = set()
 
     def target(self) -> tuple[str, ray.actor.ActorHandle]:
         while True:
@@ -209,21 +234,22 @@ class CallPlan:
 
         Returns ``True`` to keep waiting, ``False`` to abandon the request and send it
         again. ``host`` holding a live lease is alive and renewing: wait. Another holder:
-        re-send to it. No live lease: if ``host`` held it earlier in this wait, it let it
-        lapse (frozen, or cut off from the ledger): fail over at once. If it never held it,
-        it may still be activating under load (acquiring, loading the snapshot), so it gets
-        ``patience`` seconds (a lease TTL) before it is taken for frozen.
+        re-send to it. No live lease: if a probe saw ``host`` hold it while this request, or
+        an earlier unanswered one for the identity (a caller's timed-out attempt), waited,
+        it let it lapse (frozen, or cut off from the ledger): fail over at once. If it never
+        held it, it may still be activating under load (acquiring, loading the snapshot), so
+        it gets ``patience`` seconds (a lease TTL) before it is taken for frozen.
         """
         if lease is not None:
             owner = holder_host(lease.holder)
             if owner == host:
-                self._held_by.add(host)
+                self.directory.saw_holding(self.identity, host)
                 return True
             log.warning("%s moved from %s to %s while a request waited; re-sending", self.identity, host, owner)
             self.directory.remember(self.identity, owner)
             self.needs_refresh = owner not in self.directory.names
             return False
-        if host not in self._held_by and waited < patience:
+        if waited < patience and not self.directory.held_recently(self.identity, host):
             return True
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)

@@ -8,6 +8,7 @@ temporary folder, prints the table and writes it as JSON (``--out``, default
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -23,13 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=sorted(chaos_harness.PROFILES), default="long")
     parser.add_argument("--ledger", default=None, help="a postgresql:// URL (default: the SQLite ledger)")
     parser.add_argument("--minutes", type=float, default=None, help="override the profile's duration")
+    parser.add_argument("--faults", default="", help="only these fault kinds, comma-separated (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     profile = chaos_harness.PROFILES[args.profile]
     if args.minutes is not None:
-        import dataclasses
-
         profile = dataclasses.replace(profile, duration=args.minutes * 60)
+    if args.faults:
+        profile = dataclasses.replace(profile, faults=tuple(kind.strip() for kind in args.faults.split(",")))
     ray.init(num_cpus=2, include_dashboard=False, namespace="rayfleet-chaos", log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory(prefix="rayfleet-chaos-") as folder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rayfleet.ledger._values import LeaseView
 from rayfleet.platform._routing import (
     REDIRECT,
     CallPlan,
@@ -49,3 +50,29 @@ def test_redirect_to_an_unknown_host_refreshes_the_directory() -> None:
     known = CallPlan(directory("h0", "h1"), "a/1")
     known.on_reply("h0", (REDIRECT, "h1"))
     assert not known.needs_refresh and known.directory.pick("a/1") == "h1"
+
+
+def test_a_lapse_seen_by_a_retry_fails_over_though_the_retry_never_saw_the_lease() -> None:
+    # The chaos run's 8 s freezes: a caller's first attempt saw the frozen host hold the
+    # lease and timed out (2 s) before the lease lapsed (3 s); its retry, a new plan, found
+    # no lease and took the host for one still activating, so every retry waited out the
+    # freeze instead of failing over.
+    hosts = directory("h0", "h1")
+    lease = LeaseView(holder="h0@1", fencing_token=4, ttl=3.0, expires_in=1.0)
+    first = CallPlan(hosts, "a/1")
+    assert first.on_probe("h0", lease, waited=0.75, patience=3.0)  # held: keep waiting
+    retry = CallPlan(hosts, "a/1")
+    assert not retry.on_probe("h0", None, waited=0.75, patience=3.0)  # lapsed: fail over now
+    assert hosts.pick("a/1") == "h1"
+
+
+def test_a_host_that_never_held_the_lease_gets_its_patience() -> None:
+    hosts = directory("h0", "h1")
+    plan = CallPlan(hosts, "a/2")
+    assert plan.on_probe("h0", None, waited=0.75, patience=3.0)  # may still be activating
+    assert not plan.on_probe("h0", None, waited=3.1, patience=3.0)
+    # A reply from the host clears what was seen: a later activation there gets patience again.
+    seen = CallPlan(hosts, "a/3")
+    seen.on_probe("h1", LeaseView(holder="h1@1", fencing_token=1, ttl=3.0, expires_in=2.0), waited=0.75, patience=3.0)
+    seen.on_reply("h1", ("ok", 1))
+    assert CallPlan(hosts, "a/3").on_probe("h1", None, waited=0.75, patience=3.0)
