@@ -148,7 +148,8 @@ async def _problems_middleware(request: web.Request, handler: _Handler) -> web.S
         # aiohttp's own answers: no route (404), wrong method (405), body over client_max_size (413).
         kind = error.reason.replace(" ", "")
         message = {
-            404: f"no endpoint {request.path!r}; GET /openapi.json lists them",
+            404: f"no endpoint {request.path!r}; GET /openapi.json lists them (an identity or run id with '/' "
+                 f"goes in a path percent-encoded, e.g. counter%2Falice)",
             405: f"{request.method} is not allowed on {request.path!r}; GET /openapi.json lists the methods",
             413: f"the request body is larger than the gateway accepts ({request.app[GATEWAY].limits.max_body_bytes} "
                  f"bytes); send less",
@@ -223,11 +224,17 @@ async def _body(request: web.Request, *, required: bool) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(raw, parse_constant=refuse_constant)
+        data = json.loads(raw, parse_constant=refuse_constant)
+        # A \ud800 escape decodes to a lone surrogate, which no store can encode: refused here, not at a commit.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise HttpProblem(400, "InvalidJSON", "the body contains a lone surrogate escape (\\ud800-\\udfff), "
+                          "which is not text; send valid Unicode", field="body") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise HttpProblem(400, "InvalidJSON", f"the body is not valid JSON: {error}", field="body") from None
     except RecursionError:
         raise HttpProblem(400, "InvalidJSON", "the body nests too deeply to be read", field="body") from None
+    return data
 
 
 def _query(request: web.Request, model: type[Model]) -> Model:
@@ -317,9 +324,11 @@ async def call_agent(request: web.Request) -> web.Response:
     method = _path_text(request, "method")
     timeout = _timeout(_query(request, CallQuery), gateway.limits)
     key = request.headers.get(IDEMPOTENCY_HEADER)
-    if key is not None and not 0 < len(key) <= gateway.limits.max_idempotency_key_length:
-        raise HttpProblem(400, "ValidationError", f"{IDEMPOTENCY_HEADER} must have 1 to "
-                          f"{gateway.limits.max_idempotency_key_length} characters", field=IDEMPOTENCY_HEADER)
+    if key is not None and not (0 < len(key) <= gateway.limits.max_idempotency_key_length and key.isascii()
+                                and key.isprintable()):
+        raise HttpProblem(400, "ValidationError", f"{IDEMPOTENCY_HEADER} must be 1 to "
+                          f"{gateway.limits.max_idempotency_key_length} printable ASCII characters",
+                          field=IDEMPOTENCY_HEADER)
     body = await _body(request, required=False)
     arguments = {} if body is None else body
     if not isinstance(arguments, dict):
@@ -371,7 +380,7 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     await response.prepare(request)
-    await response.write(b": subscribed\n\n")
+    await response.write(b": stream open\n\n")
     stream = typing.cast(AsyncGenerator[IdentityEvent, None], gateway.fleet.subscribe(identity))
     closing: asyncio.Future[Any] = asyncio.ensure_future(gateway.closing.wait())
     pending: asyncio.Future[Any] = asyncio.ensure_future(stream.__anext__())

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -19,6 +20,8 @@ log = logging.getLogger("rayfleet.gateway")
 
 SHUTDOWN_GRACE = 10.0
 """Seconds in-flight requests get to finish once a stop signal arrived."""
+FLEET_THREADS = 32
+"""Worker threads for the fleet's blocking methods: a replay waiting out its timeout holds one."""
 
 
 def serve(
@@ -65,6 +68,8 @@ def _announce(url: str) -> None:
 async def _serve(app: web.Application, *, host: str, port: int, on_ready: Callable[[str], None]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # asyncio's default pool has only cpu + 4 threads; a few slow replays must not stall every other request.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=FLEET_THREADS, thread_name_prefix="rayfleet-gateway"))
     for number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(number, stop.set)
     runner = web.AppRunner(app, handle_signals=False, access_log=log, shutdown_timeout=SHUTDOWN_GRACE)

@@ -228,7 +228,7 @@ async def test_a_reply_json_cannot_carry_is_502(http: aiohttp.ClientSession) -> 
 async def test_the_event_stream_yields_an_event_after_a_call(http: aiohttp.ClientSession) -> None:
     async with http.get(f"/v1/agents/{path_of('counter/alice')}/events") as stream:
         assert stream.status == 200 and stream.content_type == "text/event-stream"
-        assert await stream.content.readline() == b": subscribed\n"
+        assert await stream.content.readline() == b": stream open\n"
         # The subscription opens on the hosts while the stream starts: call until an event arrives.
         event_line = b""
         for attempt in range(40):

@@ -114,6 +114,7 @@ async def test_unknown_routes_and_methods_are_json(client: TestClient[web.Reques
     (b"{not json", "not valid JSON"),
     (b'{"agents": NaN}', "NaN is not JSON"),
     (b"\xff\xfe", "not valid JSON"),
+    (b'{"agents": [], "x": "\\ud800"}', "lone surrogate"),
     (b"[" * 1500 + b"]" * 1500, None),
 ])
 async def test_invalid_json_is_400(client: TestClient[web.Request, web.Application], body: bytes,
