@@ -197,7 +197,7 @@ async def test_wrong_content_type_and_oversized_bodies_are_refused_and_change_no
     url = f"/v1/agents/{path_of('counter/bob')}/call/add"
     status, body = await answer(await http.post(url, data="n=1", headers={"Content-Type": "text/plain"}))
     assert (status, error_of(body)["type"]) == (415, "UnsupportedMediaType")
-    status, body = await answer(await http.post(url, data="n=1"))  # no Content-Type at all
+    status, body = await answer(await http.post(url, data=b"n=1"))  # sent as application/octet-stream
     assert status == 415
     huge = json.dumps({"n": 1, "pad": "x" * (1024 * 1024)})
     status, body = await answer(await http.post(url, data=huge, headers={"Content-Type": "application/json"}))
@@ -232,8 +232,9 @@ async def test_the_event_stream_yields_an_event_after_a_call(http: aiohttp.Clien
         # The subscription opens on the hosts while the stream starts: call until an event arrives.
         event_line = b""
         for attempt in range(40):
-            await http.post(f"/v1/agents/{path_of('counter/alice')}/call/add", json={"n": 1},
-                            headers={"Idempotency-Key": f"sse-{attempt}-{uuid.uuid4().hex}"})
+            called, _ = await answer(await http.post(f"/v1/agents/{path_of('counter/alice')}/call/add", json={"n": 1},
+                                                     headers={"Idempotency-Key": f"sse-{attempt}-{uuid.uuid4().hex}"}))
+            assert called == 200
             try:
                 while not event_line.startswith(b"event:"):
                     event_line = await asyncio.wait_for(stream.content.readline(), timeout=2.0)
