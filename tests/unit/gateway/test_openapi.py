@@ -83,3 +83,10 @@ def test_query_parameters_come_from_the_query_models() -> None:
     assert parameters["limit"]["schema"]["anyOf"][0] == {"type": "integer", "minimum": 1}
     runs = {p["name"]: p for p in openapi_document()["paths"]["/v1/runs"]["get"]["parameters"]}
     assert runs["status"]["schema"]["anyOf"][0] == {"$ref": "#/components/schemas/RunStatus"}
+
+
+def test_path_parameters_match_the_route_templates() -> None:
+    import re
+
+    for operation in OPERATIONS:
+        assert set(re.findall(r"{(\w+)}", operation.path)) == {p.name for p in operation.path_parameters}, operation.path
