@@ -362,6 +362,9 @@ async def list_agents(request: web.Request) -> web.Response:
         if not equals or not key:
             raise HttpProblem(400, "ValidationError", f"label filter {item!r} must look like key=value",
                               field=f"label.{index}")
+        if labels.get(key, value) != value:
+            raise HttpProblem(400, "ValidationError", f"label {key!r} is filtered on twice, with {labels[key]!r} "
+                              f"and {value!r}; an agent has one value per label", field=f"label.{index}")
         labels[key] = value
     statuses = await _off_loop(gateway.fleet.list_agents, labels or None)
     ordered = sorted(statuses, key=lambda status: status.identity)

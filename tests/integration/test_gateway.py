@@ -135,8 +135,10 @@ async def test_status_of_one_identity(http: aiohttp.ClientSession, gw_fleet: rf.
 async def test_list_agents_filters_by_label_and_pages_by_identity(http: aiohttp.ClientSession) -> None:
     _, team_b = await answer(await http.get("/v1/agents", params=[("label", "team=b")]))
     assert [agent["identity"] for agent in team_b["agents"]] == ["counter/bob", "counter/carol"]
-    _, none = await answer(await http.get("/v1/agents", params=[("label", "team=b"), ("label", "team=a")]))
+    _, none = await answer(await http.get("/v1/agents", params=[("label", "team=b"), ("label", "role=x")]))
     assert none == {"agents": [], "next_cursor": None}
+    status, body = await answer(await http.get("/v1/agents", params=[("label", "team=b"), ("label", "team=a")]))
+    assert status == 400 and error_of(body)["field"] == "label.1"
     seen: list[str] = []
     cursor: str | None = None
     for _ in range(10):
