@@ -18,7 +18,7 @@ import ray
 from gateway_support import GatewayThread
 
 import rayfleet as rf
-from rayfleet.demo import Counter
+from rayfleet.demo import Bank, Counter
 from rayfleet.gateway import build_app, serve
 
 TOKEN = f"gw-{uuid.uuid4().hex}"
@@ -75,6 +75,7 @@ def gw_fleet(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     fleet.spawn("counter/bob", Counter, labels={"team": "b"})
     fleet.spawn("counter/carol", Counter, labels={"team": "b"})
     fleet.spawn("flaky/one", Flaky)
+    fleet.spawn("bank/slow", Bank)
     yield fleet
     fleet.shutdown(stop_actors=True)
 
@@ -149,7 +150,7 @@ async def test_list_agents_filters_by_label_and_pages_by_identity(http: aiohttp.
         cursor = page["next_cursor"]
         if cursor is None:
             break
-    assert seen == ["counter/alice", "counter/bob", "counter/carol", "flaky/one"]
+    assert seen == ["bank/slow", "counter/alice", "counter/bob", "counter/carol", "flaky/one"]
     status, body = await answer(await http.get("/v1/agents", params=[("label", "team")]))
     assert status == 400 and error_of(body)["field"] == "label.0"
     status, body = await answer(await http.get("/v1/agents", params={"limit": "5000"}))
@@ -163,8 +164,22 @@ async def test_unknown_identity_is_404_and_a_bad_one_400(http: aiohttp.ClientSes
         status, body = await answer(response)
         assert status == 404 and error_of(body)["type"] == "UnknownIdentityError", body
         assert error_of(body)["field"] == "identity" and "counter/nobody" in error_of(body)["message"]
-    status, body = await answer(await http.get(f"/v1/agents/{path_of('a/../b')}"))
-    assert status == 400 and error_of(body)["field"] == "identity"
+    for bad in ("a/../b", "a" * 201):
+        status, body = await answer(await http.get(f"/v1/agents/{path_of(bad)}"))
+        assert status == 400 and error_of(body)["field"] == "identity"
+
+
+async def test_a_call_without_a_reply_in_time_is_504(http: aiohttp.ClientSession) -> None:
+    # The handler sleeps 3 s; the gateway stops waiting after 0.2 s (the turn itself goes on, and ends long
+    # before the fleet is shut down).
+    response = await http.post(f"/v1/agents/{path_of('bank/slow')}/call/charge?timeout=0.2",
+                               json={"trip": "t-1", "delay": 3})
+    status, body = await answer(response)
+    assert (status, error_of(body)["type"], error_of(body)["field"]) == (504, "DeadlineExceededError", "timeout")
+    assert response.headers["Retry-After"] == "1"
+    status, body = await answer(await http.post(f"/v1/agents/{path_of('bank/slow')}/call/charge?timeout=301",
+                                                json={"trip": "t-2"}))
+    assert status == 400 and error_of(body)["field"] == "timeout" and "300" in error_of(body)["message"]
 
 
 async def test_unknown_method_is_404_listing_the_handlers(http: aiohttp.ClientSession) -> None:
