@@ -36,6 +36,8 @@ PINNED: dict[str, set[str]] = {
     "rayfleet.roster": {"RosterChange", "load_roster", "plan_roster", "validate_roster"},
     "rayfleet.workflow": {"Dispatcher", "Journal", "JournalState"},
     "rayfleet.cli": {"main"},
+    "rayfleet.gateway": {"ALLOWED_MODULES_ENV", "GatewayLimits", "TOKEN_ENV", "allowed_modules_from_env", "build_app",
+                         "openapi_document", "serve"},
     "rayfleet.demo": {"Bank", "Booking", "Counter", "Notebook", "Planner", "Researcher", "Reviewer"},
     "rayfleet.ledger": {"Activation", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
                         "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "LedgerLocation", "RegisterOutcome",
