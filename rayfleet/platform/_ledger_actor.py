@@ -9,6 +9,7 @@ caller receives the ledger's own error rather than Ray's wrapper around it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +42,7 @@ from ..ledger._values import (
     TopologySnapshot,
 )
 from ._binding import bind_fleet
+from ._metrics import RayLedgerMetrics
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 
@@ -59,14 +61,22 @@ class _Refusal:
         return (_Refusal, (self.error,))
 
 
+_METRICS = RayLedgerMetrics()
+
+
 def _answer(refusal: RayfleetError | None, operation: Callable[..., Any], args: tuple[Any, ...],
-            kwargs: dict[str, Any]) -> Any:
+            kwargs: dict[str, Any], *, name: str | None = None) -> Any:
     if refusal is not None:
         return _Refusal(refusal)
+    started = time.perf_counter()
+    outcome = "OK"
     try:
         return operation(*args, **kwargs)
     except RayfleetError as error:
+        outcome = type(error).__name__
         return _Refusal(error)
+    finally:
+        _METRICS.operation(name or operation.__name__, outcome, time.perf_counter() - started)
 
 
 def _unwrap(reply: Any) -> Any:
@@ -95,7 +105,7 @@ class LedgerActor:
                 self._refusal = error
 
     def incarnation(self) -> Any:
-        return _answer(self._refusal, lambda: self._ledger.incarnation, (), {})
+        return _answer(self._refusal, lambda: self._ledger.incarnation, (), {}, name="incarnation")
 
     def fleet_identity(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.fleet_identity, args, kwargs)
