@@ -227,14 +227,16 @@ class Delivery:
         """
         # Timed and counted once per message, here: the retries below go to _deliver.
         started = self._clock()
+        # Looked up before and after: the first message activates the entry, a lost lease drops it.
+        before = self._entries.get(envelope.target)
         try:
             result = await self._deliver(envelope)
         except BaseException as error:
-            entry = self._entries.get(envelope.target)
+            entry = self._entries.get(envelope.target) or before
             self._metrics.message(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class,
                                   message_outcome(error), self._clock() - started)
             raise
-        entry = self._entries.get(envelope.target)
+        entry = self._entries.get(envelope.target) or before
         self._metrics.message(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class,
                               MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.OK,
                               self._clock() - started)

@@ -29,6 +29,7 @@ from ..ledger._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
+    CheckpointRow,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -157,6 +158,9 @@ class LedgerActor:
 
     def commit_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.commit_checkpoints, args, kwargs)
+
+    def latest_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.latest_checkpoints, args, kwargs)
 
     def dedup_window(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.dedup_window, args, kwargs)
@@ -379,6 +383,11 @@ class RayLedgerClient:
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
         return _RayCall(self.actor.commit_checkpoints.remote(list(commits)))
+
+    def latest_checkpoints(
+        self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
+    ) -> LedgerCall[list[CheckpointRow]]:
+        return _RayCall(self.actor.latest_checkpoints.remote(after=after, limit=limit, agent_class=agent_class))
 
     def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
         return _RayCall(self.actor.dedup_window.remote(identity))
