@@ -21,7 +21,9 @@ left out and named in ``unreadable``.
 
 Memory: identities are read from the ledger a page at a time and written a page at a
 time (one Parquet row group per page); only the list of snapshot files per class is
-kept for the whole export, to settle each table's schema before writing it.
+kept for the whole export, to settle each table's schema before writing it. The
+export is not a point-in-time cut of a fleet that keeps working: each row is a
+committed State as the ledger pointed at it when its page was read.
 """
 
 from __future__ import annotations
