@@ -77,19 +77,24 @@ def test_a_known_workload_shows_up_on_rays_prometheus_endpoint(make_fleet: Calla
         refs[0].call("boom")
     workflow = rf.Workflow("metrics-probe-flow")
     workflow.step("bump", to="probe/1", call="add", payload={"n": 10})
-    run_id = fleet.submit(workflow)
+    run_id = fleet.submit(workflow)  # the runner actor's engine
     assert fleet.runs.wait(run_id, timeout=WAIT).status is rf.RunStatus.COMPLETED
-    # 15 calls + the workflow's one step succeeded; one call failed in its handler.
-    ok, messages = 16, "ray_rayfleet_messages_total"
+    in_driver = rf.Workflow("metrics-probe-driver-flow")
+    in_driver.step("bump", to="probe/2", call="add", payload={"n": 10})
+    assert fleet.run(in_driver).status is rf.RunStatus.COMPLETED  # this driver's engine
+    # 15 calls + the two workflows' steps succeeded; one call failed in its handler.
+    ok, messages = 17, "ray_rayfleet_messages_total"
 
     def settled(samples: dict[str, list[tuple[dict[str, str], float]]]) -> bool:
         return (total(samples, messages, agent_class=PROBE, outcome="OK") == ok
                 and total(samples, "ray_rayfleet_workflow_runs_total", workflow="metrics-probe-flow",
                           status="COMPLETED") == 1
+                and total(samples, "ray_rayfleet_workflow_runs_total", workflow="metrics-probe-driver-flow",
+                          status="COMPLETED") == 1
                 and total(samples, "ray_rayfleet_active_agents", agent_class=PROBE) == 5
                 and total(samples, "ray_rayfleet_dead_letters_total", agent_class=PROBE) == 1)
 
-    samples = poll(ray_metrics_url, settled, f"{ok} OK messages of {PROBE}, a COMPLETED run, 5 active agents")
+    samples = poll(ray_metrics_url, settled, f"{ok} OK messages of {PROBE}, two COMPLETED runs, 5 active agents")
     assert total(samples, messages, agent_class=PROBE, outcome="HANDLER_ERROR") == 1
     assert total(samples, "ray_rayfleet_dead_letters_total", agent_class=PROBE, reason="REJECTED") == 1
     assert total(samples, "ray_rayfleet_turn_seconds_count", agent_class=PROBE) == ok + 1
