@@ -108,6 +108,8 @@ def message_outcome(error: BaseException) -> MessageOutcome:
         return MessageOutcome.LEASE_LOST
     if isinstance(error, (OwnedElsewhere, HostDraining)):
         return MessageOutcome.REDIRECTED
+    if isinstance(error, DeadlineExceededError):
+        return MessageOutcome.REFUSED  # the deadline gate: dead-lettered, like the other refusals
     if isinstance(error, RayfleetError) and not is_retryable(error):
         return MessageOutcome.REFUSED
     return MessageOutcome.ERROR

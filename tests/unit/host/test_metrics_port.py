@@ -115,14 +115,16 @@ async def test_messages_checkpoints_dead_letters_and_active_agents_are_reported(
             await runtime.deliver("p/2", "boom")
         with pytest.raises(rf.UnknownHandlerError):
             await runtime.deliver("p/2", "nope")
+        with pytest.raises(rf.DeadlineExceededError):
+            await runtime.deliver("p/2", "add", kwargs={"n": 1}, deadline=1.0)
         assert metrics.active[PROBE] == 2
         assert await runtime.renew_once() == 2
     assert metrics.messages == {
         (PROBE, MessageOutcome.OK): 4, (PROBE, MessageOutcome.DUPLICATE): 1,
-        (PROBE, MessageOutcome.HANDLER_ERROR): 1, (PROBE, MessageOutcome.REFUSED): 1,
+        (PROBE, MessageOutcome.HANDLER_ERROR): 1, (PROBE, MessageOutcome.REFUSED): 2,
     }
-    assert len(metrics.latencies) == 7 and all(seconds >= 0 for seconds in metrics.latencies)
-    assert metrics.dead_letters == {(PROBE, "REJECTED"): 1}
+    assert len(metrics.latencies) == 8 and all(seconds >= 0 for seconds in metrics.latencies)
+    assert metrics.dead_letters == {(PROBE, "REJECTED"): 1, (PROBE, "DEADLINE_EXCEEDED"): 1}
     # Four turns changed State; each was committed (EVERY_TURN), one pointer per ledger call here.
     assert metrics.checkpoints[PROBE] == 4 and sum(metrics.batches) == 4
     assert metrics.renewals == 2
