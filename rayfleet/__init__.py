@@ -7,6 +7,7 @@ Arrow-backed checkpoints. Start with :func:`connect`.
 
 from __future__ import annotations
 
+from .checkpoints._export import ExportReport as ExportReport
 from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
 from .errors import DeliveryError as DeliveryError
@@ -106,6 +107,7 @@ __all__ = [
     "FleetConfig",
     "HostInfo",
     "DrainReport",
+    "ExportReport",
     "HostStatistics",
     "RunsClient",
     "TopologyClient",

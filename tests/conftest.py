@@ -3,6 +3,7 @@ and tests/support on the path."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -19,12 +20,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 S3_BUCKET = "rayfleet-tests"
 
 
+METRICS_REPORT_INTERVAL_MS = 2000
+"""How often the session's Ray workers report metrics to the node's metrics agent (Ray's default is 10 s)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """One local Ray per test session, shared by tests/integration and tests/chaos (their conftests use it)."""
-    ray.init(num_cpus=2, include_dashboard=False, namespace="rayfleet-tests", log_to_driver=False)
-    yield
+def ray_session() -> Iterator[int]:
+    """One local Ray per test session, shared by tests/integration and tests/chaos (their conftests use it).
+
+    Yields the port of the node's Prometheus endpoint (Ray's metrics agent, which runs
+    without the dashboard), on a free port rather than Ray's default 8080.
+    """
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, namespace="rayfleet-tests", log_to_driver=False,
+             _metrics_export_port=port, _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
+    yield port
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_metrics_url(ray_session: int) -> str:
+    """The session Ray's Prometheus scrape URL on 127.0.0.1."""
+    return f"http://127.0.0.1:{ray_session}/metrics"
 
 
 @dataclass(frozen=True, slots=True)

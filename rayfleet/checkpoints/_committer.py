@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pydantic
@@ -50,8 +51,13 @@ class GroupCommitter:
     file that is not there.
     """
 
-    def __init__(self, *, writer: str, ledger: LedgerClient, snapshots: SnapshotStore) -> None:
+    def __init__(
+        self, *, writer: str, ledger: LedgerClient, snapshots: SnapshotStore,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_batch`` hears the size of every batch the ledger accepted (for metrics); it must not block."""
         self._writer = writer
+        self._on_batch = on_batch
         self._ledger = ledger
         self._snapshots = snapshots
         self._queue: list[_Pending] = []
@@ -136,6 +142,8 @@ class GroupCommitter:
                     item.done.set_exception(unknown)
             return
         self.batches += 1
+        if self._on_batch is not None:
+            self._on_batch(len(commits))
         for item, commit, outcome in zip(written, commits, outcomes, strict=True):
             if item.done.done():
                 continue

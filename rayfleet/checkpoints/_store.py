@@ -40,6 +40,14 @@ class SnapshotRow:
     extra: bytes = b""
 
 
+def _state_part(schema: pa.Schema) -> tuple[pa.Schema, frozenset[str]]:
+    metadata = schema.metadata or {}
+    pickled = frozenset(json.loads(metadata.get(META_PICKLED, b"[]")))
+    state = pa.schema([field for field in schema if field.name not in (IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN)],
+                      metadata=metadata)
+    return state, pickled
+
+
 class SnapshotStore:
     """Immutable Arrow IPC snapshot files under ``<root>/snapshots/`` on a ``pyarrow.fs`` filesystem.
 
@@ -139,6 +147,61 @@ class SnapshotStore:
             )
         state = StateCodec.for_class(state_class).from_row(table, row, identity=identity, location=location)
         return state, table.column(EXTRA_COLUMN)[row].as_py()
+
+    def read_schema(self, path: str) -> tuple[pa.Schema, frozenset[str]]:
+        """The State columns of snapshot file ``path`` (metadata columns left out) and the fields pickled in it.
+
+        Reads only the file's footer when it is not cached.
+
+        Raises:
+            SnapshotError: the file is missing, unreadable or not a rayfleet snapshot.
+        """
+        with self._lock:
+            cached = self._tables.get(path)
+        if cached is not None:
+            schema = cached.schema
+        else:
+            full = self._storage.full(path)
+            try:
+                if self._storage.local:
+                    schema = ipc.open_file(pa.memory_map(full)).schema
+                else:
+                    with self._storage.fs.open_input_file(full) as source:
+                        schema = ipc.open_file(source).schema
+            except FileNotFoundError:
+                raise SnapshotError(identity="", location=path, detail="the file is missing") from None
+            except (pa.ArrowException, OSError, ValueError) as error:
+                detail = f"the file could not be read ({error})"
+                raise SnapshotError(identity="", location=path, detail=detail) from None
+        return _state_part(schema)
+
+    def read_rows(self, path: str, rows: list[int], *, identities: list[str], versions: list[int]) -> pa.Table:
+        """Rows ``rows`` of snapshot file ``path`` as a table of State columns, checked against the ledger.
+
+        Row ``i`` of the result is ``rows[i]`` of the file, which must hold
+        ``identities[i]`` at ``versions[i]``. The schema's metadata is kept (it says
+        which fields the file pickled).
+
+        Raises:
+            SnapshotError: the file cannot be read, or a row is missing or holds another identity or version.
+        """
+        first = identities[0] if identities else ""
+        table = self._open(path, identity=first, location=path)
+        for row, identity in zip(rows, identities, strict=True):
+            if not 0 <= row < table.num_rows:
+                raise SnapshotError(identity=identity, location=f"{path}#{row}",
+                                    detail=f"row {row} is out of range (the file has {table.num_rows} rows)")
+        taken = table.take(pa.array(rows, type=pa.int64()))
+        found = zip(taken.column(IDENTITY_COLUMN).to_pylist(), taken.column(VERSION_COLUMN).to_pylist(), strict=True)
+        for (found_identity, found_version), row, identity, version in zip(found, rows, identities, versions,
+                                                                           strict=True):
+            if found_identity != identity or found_version != version:
+                raise SnapshotError(
+                    identity=identity, location=f"{path}#{row}",
+                    detail=f"the row holds identity {found_identity!r} version {found_version}, "
+                    f"expected {identity!r} version {version}",
+                )
+        return taken.drop_columns([IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN])
 
     def _open(self, path: str, *, identity: str, location: str) -> pa.Table:
         with self._lock:

@@ -66,8 +66,9 @@ from ..errors import (
 from ..identity._agent import run_handler
 from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
-from ._hosted import HostedAgent, TurnResult
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import DeadLetterReason, Envelope
+from ._ports import NO_METRICS, HostMetrics, MessageOutcome
 
 if TYPE_CHECKING:
     from ..ledger._contract import LedgerClient
@@ -93,6 +94,25 @@ class DeliveryCounters:
     """Messages sent to the dead-letter log, counted even when recording one failed."""
     parked: int = 0
     """Messages parked because their agent was paused."""
+
+
+UNKNOWN_AGENT_CLASS = "unknown"
+"""The agent class a message is counted under when its target could not be hosted here."""
+
+
+def message_outcome(error: BaseException) -> MessageOutcome:
+    """The outcome a message that raised ``error`` is counted under."""
+    if isinstance(error, HandlerError):
+        return MessageOutcome.HANDLER_ERROR
+    if isinstance(error, LeaseLostError):
+        return MessageOutcome.LEASE_LOST
+    if isinstance(error, (OwnedElsewhere, HostDraining)):
+        return MessageOutcome.REDIRECTED
+    if isinstance(error, DeadlineExceededError):
+        return MessageOutcome.REFUSED  # the deadline gate: dead-lettered, like the other refusals
+    if isinstance(error, RayfleetError) and not is_retryable(error):
+        return MessageOutcome.REFUSED
+    return MessageOutcome.ERROR
 
 
 class _StoppedForLostLease(Exception):
@@ -140,6 +160,7 @@ class Delivery:
             runtime can deactivate idle agents.
         wall_clock: wall-clock seconds for deadlines and conversation fences;
             ``time.time`` unless a test moves time by hand.
+        metrics: where messages, dead letters and parked messages are counted.
     """
 
     def __init__(
@@ -150,8 +171,10 @@ class Delivery:
         activations: ActivationPort,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        metrics: HostMetrics = NO_METRICS,
     ) -> None:
         self._entries = entries
+        self._metrics = metrics
         self._ledger = ledger
         self._activations = activations
         self._clock = clock
@@ -204,6 +227,24 @@ class Delivery:
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
+        # Timed and counted once per message, here: the retries below go to _deliver.
+        started = self._clock()
+        # Looked up before and after: the first message activates the entry, a lost lease drops it.
+        before = self._entries.get(envelope.target)
+        try:
+            result = await self._deliver(envelope)
+        except BaseException as error:
+            entry = self._entries.get(envelope.target) or before
+            self._metrics.message(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class,
+                                  message_outcome(error), self._clock() - started)
+            raise
+        entry = self._entries.get(envelope.target) or before
+        self._metrics.message(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class,
+                              MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.OK,
+                              self._clock() - started)
+        return result
+
+    async def _deliver(self, envelope: Envelope) -> TurnResult:
         envelope.check()  # it may come unpickled from another process, never validated here
         identity = envelope.target
         entry = await self._addressable_entry(envelope)
@@ -221,7 +262,7 @@ class Delivery:
         async with entry.turn_lock:
             if entry.dropped:
                 # Deactivated or fenced while this message waited: activate again and retry.
-                return await self.deliver_envelope(envelope)
+                return await self._deliver(envelope)
             if entry.paused:
                 waiter = await self._park(entry, envelope)
             else:
@@ -371,6 +412,8 @@ class Delivery:
         getting the original error, which must not be replaced by the ledger's.
         """
         self.counters.dead_letters += 1
+        entry = self._entries.get(envelope.target)
+        self._metrics.dead_letter(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class, reason.value)
         try:
             payload = cloudpickle.dumps(envelope)
         except Exception as problem:  # noqa: BLE001 - unpicklable arguments: keep what can be kept, readably
@@ -413,6 +456,7 @@ class Delivery:
                 self._parked_waiters.pop(envelope.message_id, None)
             raise
         self.counters.parked += 1
+        self._metrics.parked(entry.agent_class)
         return waiter
 
     async def pause(self, identity: str) -> bool:
@@ -525,6 +569,8 @@ class Delivery:
             count = await self._activations.fenced_write(
                 entry, "cancel parked", lambda token: self._ledger.cancel_parked(identity=identity, fencing_token=token)
             )
+        for _ in range(count):
+            self._metrics.dead_letter(entry.agent_class, DeadLetterReason.CANCELLED.value)
         for stored in parked:
             waiter = self._parked_waiters.pop(stored.message_id, None)
             if waiter is not None and not waiter.done():

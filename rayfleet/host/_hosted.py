@@ -73,3 +73,8 @@ class HostedAgent:
     """Identities this agent is wired to now (live edges in the ledger)."""
     handler_task: asyncio.Future[Any] | None = None
     """The handler attempt running now, when it can be stopped; cancelled when the entry is dropped."""
+    agent_class: str = field(init=False, default="")
+    """``spec.agent_class_path``, computed once: metrics tag every message with it."""
+
+    def __post_init__(self) -> None:
+        self.agent_class = self.spec.agent_class_path

@@ -5,10 +5,13 @@ without one refuses ``self.send``. ``ActivationPort`` is everything the delivery
 needs from the runtime that owns the agents, and nothing more: delivery runs turns
 but never activates, renews, checkpoints or publishes events by itself, so each of
 those stays in one place and a test can drive delivery with a small fake.
+``HostMetrics`` is what the runtime and delivery report for dashboards; the platform
+exports it through Ray, and :data:`NO_METRICS` (the default) drops it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -17,6 +20,115 @@ if TYPE_CHECKING:
     from ._hosted import HostedAgent
 
 T = TypeVar("T")
+
+
+class MessageOutcome(str, enum.Enum):
+    """How one delivered message ended, as counted by ``rayfleet_messages``."""
+
+    OK = "OK"
+    """The handler ran and its turn was committed per the agent's durability."""
+    DUPLICATE = "DUPLICATE"
+    """Answered from the dedup window without running the handler."""
+    HANDLER_ERROR = "HANDLER_ERROR"
+    """The handler failed for good (the message was dead-lettered)."""
+    REFUSED = "REFUSED"
+    """A gate refused it before or instead of the handler (addressability, lifecycle, arguments, fence,
+    deadline, unknown handler, ...)."""
+    LEASE_LOST = "LEASE_LOST"
+    """Ownership moved during the turn; the caller retries with the new owner."""
+    REDIRECTED = "REDIRECTED"
+    """Another host owns the identity, or this one drains; the caller goes elsewhere."""
+    ERROR = "ERROR"
+    """Anything else (the ledger or storage failed, a bug)."""
+
+
+class HostMetrics(Protocol):
+    """What a host reports for dashboards. Every method is called on the host's event loop and must not block.
+
+    Implementations must be cheap: :meth:`message` runs once per delivered message. The
+    platform's implementation tallies in memory and exports to Ray's metrics once a
+    second; :data:`NO_METRICS` drops everything.
+    """
+
+    def message(self, agent_class: str, outcome: MessageOutcome, seconds: float) -> None:
+        """One message delivered to an agent of ``agent_class`` ended with ``outcome`` after ``seconds``."""
+        ...
+
+    def dead_letter(self, agent_class: str, reason: str) -> None:
+        """One message went to the dead-letter log (``reason`` is a ``DeadLetterReason`` value)."""
+        ...
+
+    def parked(self, agent_class: str) -> None:
+        """One message was parked because its agent is paused."""
+        ...
+
+    def activated(self, agent_class: str) -> None:
+        """An agent of ``agent_class`` is hosted here now (it holds a lease)."""
+        ...
+
+    def deactivated(self, agent_class: str) -> None:
+        """An agent of ``agent_class`` left this host (deactivated, dropped or retired); its lease is gone."""
+        ...
+
+    def lease_renewals(self, count: int) -> None:
+        """``count`` leases were renewed."""
+        ...
+
+    def lease_lost(self) -> None:
+        """An agent was dropped because its lease was lost or expired."""
+        ...
+
+    def stale_refusal(self, reason: str) -> None:
+        """The ledger refused a fenced write of this host (``reason``: the refusal's error class name)."""
+        ...
+
+    def checkpoint(self, agent_class: str) -> None:
+        """One checkpoint of an agent of ``agent_class`` was committed."""
+        ...
+
+    def commit_batch(self, size: int) -> None:
+        """One group commit moved ``size`` snapshot pointers in one ledger call."""
+        ...
+
+
+class _NoMetrics:
+    """A :class:`HostMetrics` that drops everything (hosts outside Ray, tests)."""
+
+    __slots__ = ()
+
+    def message(self, agent_class: str, outcome: MessageOutcome, seconds: float) -> None:
+        pass
+
+    def dead_letter(self, agent_class: str, reason: str) -> None:
+        pass
+
+    def parked(self, agent_class: str) -> None:
+        pass
+
+    def activated(self, agent_class: str) -> None:
+        pass
+
+    def deactivated(self, agent_class: str) -> None:
+        pass
+
+    def lease_renewals(self, count: int) -> None:
+        pass
+
+    def lease_lost(self) -> None:
+        pass
+
+    def stale_refusal(self, reason: str) -> None:
+        pass
+
+    def checkpoint(self, agent_class: str) -> None:
+        pass
+
+    def commit_batch(self, size: int) -> None:
+        pass
+
+
+NO_METRICS: HostMetrics = _NoMetrics()
+"""The default :class:`HostMetrics`: reports nothing."""
 
 
 class Router(Protocol):

@@ -131,7 +131,7 @@ from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import DedupWindow, Envelope
-from ._ports import Router
+from ._ports import NO_METRICS, HostMetrics, Router
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -291,6 +291,8 @@ class HostRuntime:
             fences, which are compared with ``time.time()`` values from other processes.
         incarnation: the suffix of the lease holder id; random unless given, so a
             restarted host never passes for its previous incarnation.
+        metrics: where the host's messages, leases and checkpoints are counted for
+            dashboards; nothing is reported unless given.
     """
 
     def __init__(
@@ -305,8 +307,10 @@ class HostRuntime:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         incarnation: str | None = None,
+        metrics: HostMetrics = NO_METRICS,
     ) -> None:
         self.name = name
+        self._metrics = metrics
         self.holder = f"{name}@{incarnation or format(random.getrandbits(32), '08x')}"
         self._ledger = ledger
         self._snapshots = snapshots
@@ -323,7 +327,8 @@ class HostRuntime:
         # caller NOT ADDRESSABLE for them rather than revealing their lifecycle state.
         self._refused_internal: set[str] = set()
         self._events = EventHub()
-        self._committer = GroupCommitter(writer=self.holder.replace("@", "-"), ledger=ledger, snapshots=snapshots)
+        self._committer = GroupCommitter(writer=self.holder.replace("@", "-"), ledger=ledger, snapshots=snapshots,
+                                         on_batch=metrics.commit_batch)
         # Strong references until done: the event loop keeps only weak ones, and a
         # collected task would silently stop mid-work.
         self._background: set[asyncio.Task[None]] = set()
@@ -335,7 +340,7 @@ class HostRuntime:
         )
         self._delivery = Delivery(
             entries=self._entries, ledger=ledger, activations=_RuntimeActivations(self), clock=clock,
-            wall_clock=wall_clock,
+            wall_clock=wall_clock, metrics=metrics,
         )
 
     # -- lifecycle of the runtime itself -------------------------------------------
@@ -468,6 +473,7 @@ class HostRuntime:
             await self._drop(entry, reason="lease lost at renewal")
             raise LeaseLostError(identity=entry.spec.identity, detail="the lease could not be renewed")
         self._counters["lease_renewals"] += 1
+        self._metrics.lease_renewals(1)
         entry.grant, entry.installed_at = grant, sent_at
 
     async def _fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
@@ -488,6 +494,7 @@ class HostRuntime:
             return await write(entry.grant.fencing_token)
         except (StaleFencingTokenError, LeaseLostError, UnknownIdentityError) as refusal:
             self._counters["stale_refusals"] += 1
+            self._metrics.stale_refusal(type(refusal).__name__)
             if not entry.dropped:
                 await self._drop(entry, reason=str(refusal))
             raise LeaseLostError(
@@ -562,6 +569,7 @@ class HostRuntime:
         except Exception as error:
             await self._discard_unsaved(entry, keys, why=f"{type(error).__name__}: {error}")
             raise
+        self._metrics.checkpoint(entry.agent_class)
         entry.checkpoint_version = version
         entry.dirty = False
         entry.last_commit = self._clock()
@@ -733,6 +741,7 @@ class HostRuntime:
             await self._release({identity: grant.fencing_token})
             raise
         self._entries[identity] = entry
+        self._metrics.activated(entry.agent_class)
         self._counters["activations"] += 1
         self._emit(identity, EventKind.STATE_CHANGED, state=LifecycleState.ACTIVE, fencing_token=grant.fencing_token)
         return entry
@@ -834,6 +843,7 @@ class HostRuntime:
         entry.dropped = True
         if self._entries.get(entry.spec.identity) is entry:
             del self._entries[entry.spec.identity]
+            self._metrics.deactivated(entry.agent_class)
         if entry.handler_task is not None and not entry.handler_task.done():
             # Cooperative cancellation: the handler stops at its next await, and its turn
             # answers LeaseLostError instead of a reply built on State this host no longer owns.
@@ -846,6 +856,7 @@ class HostRuntime:
             await self._release({identity: entry.grant.fencing_token})
         elif reason:
             self._counters["leases_lost"] += 1
+            self._metrics.lease_lost()
             log.warning("dropped %s on %s: %s", identity, self.name, reason)
             self._emit(identity, EventKind.LEASE_LOST)
 
@@ -964,6 +975,8 @@ class HostRuntime:
             self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=grant.fencing_token)
             count += 1
         self._counters["lease_renewals"] += count
+        if count:
+            self._metrics.lease_renewals(count)
         return count
 
     async def _renewal_loop(self) -> None:

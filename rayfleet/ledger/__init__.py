@@ -21,6 +21,7 @@ from ._contract import LedgerClient as LedgerClient
 from ._location import LedgerLocation as LedgerLocation
 from ._values import Activation as Activation
 from ._values import CheckpointCommit as CheckpointCommit
+from ._values import CheckpointRow as CheckpointRow
 from ._values import EdgeRow as EdgeRow
 from ._values import IdentityView as IdentityView
 from ._values import JournalEntry as JournalEntry
@@ -45,6 +46,7 @@ __all__ = [
     "TopologyChange",
     # What operations return
     "Activation",
+    "CheckpointRow",
     "EdgeRow",
     "IdentityView",
     "JournalEntry",

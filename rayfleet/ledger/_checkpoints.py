@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
+from ..identity._values import SnapshotPointer
 from . import _leases
 from ._store import Transaction
-from ._values import CheckpointCommit
+from ._values import CheckpointCommit, CheckpointRow
 
 
-def commit(tx: Transaction, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None]:
+def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float) -> list[RayfleetError | None]:
     outcomes: list[RayfleetError | None] = []
     for item in commits:
         try:
@@ -29,9 +30,9 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit]) -> list[Rayflee
             if item.version <= row[0]:
                 raise StaleCheckpointVersionError(identity=item.identity, presented=item.version, current=row[0])
             tx.execute(
-                "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ? "
-                "WHERE identity = ?",
-                (item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.identity),
+                "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
+                "committed_at = ? WHERE identity = ?",
+                (item.version, item.fencing_token, item.pointer.file, item.pointer.row, now, item.identity),
             )
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
@@ -54,6 +55,32 @@ def _remember_keys(tx: Transaction, identity: str, entries: tuple[tuple[str, byt
 
 def forget_keys(tx: Transaction, identity: str) -> None:
     tx.execute("DELETE FROM dedup WHERE identity = ?", (identity,))
+
+
+def latest(tx: Transaction, *, after: str, limit: int, agent_class: str | None) -> list[CheckpointRow]:
+    """Identities after ``after`` (by name, at most ``limit``), each with its latest checkpoint pointer.
+
+    A page of the whole fleet (or of one agent class, on the ``identities_by_class`` index),
+    so a caller can walk every identity without holding them all at once.
+    """
+    query = (
+        "SELECT i.identity, i.agent_class, i.lifecycle, c.generation, c.checkpoint_version, c.fence, "
+        "c.committed_at, c.snapshot_file, c.snapshot_row FROM identities i "
+        "LEFT JOIN continuity c ON c.identity = i.identity WHERE i.identity > ?"
+    )
+    parameters: list[object] = [after]
+    if agent_class is not None:
+        query += " AND i.agent_class = ?"
+        parameters.append(agent_class)
+    parameters.append(limit)
+    return [
+        CheckpointRow(
+            identity=row[0], agent_class=row[1], lifecycle=row[2], generation=row[3] or 0,
+            checkpoint_version=row[4] or 0, fencing_token=row[5] or 0, committed_at=row[6],
+            snapshot=None if row[7] is None else SnapshotPointer(file=row[7], row=row[8], version=row[4]),
+        )
+        for row in tx.execute(query + " ORDER BY i.identity LIMIT ?", parameters)
+    ]
 
 
 def referenced_files(tx: Transaction) -> set[str]:

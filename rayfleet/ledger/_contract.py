@@ -27,6 +27,7 @@ from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
+    CheckpointRow,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -134,6 +135,12 @@ class LedgerClient(Protocol):
     # -- checkpoints
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
         """Move snapshot pointers (fenced, versions strictly increasing); one refusal or ``None`` per commit."""
+        ...
+
+    def latest_checkpoints(
+        self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
+    ) -> LedgerCall[list[CheckpointRow]]:
+        """A page of identities named after ``after`` (sorted, at most ``limit``), each with its latest checkpoint."""
         ...
 
     def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:

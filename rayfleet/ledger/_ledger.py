@@ -37,6 +37,7 @@ from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
+    CheckpointRow,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -250,7 +251,25 @@ class Ledger:
         entries change nothing; accepted ones are durable when this returns.
         """
         batch = list(commits)
-        return self._db.write(lambda tx: _checkpoints.commit(tx, batch))
+        return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
+
+    def latest_checkpoints(
+        self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
+    ) -> list[CheckpointRow]:
+        """One page of identities (names after ``after``, sorted, at most ``limit``) with their latest checkpoint.
+
+        Every identity is listed, with ``snapshot=None`` when it never committed one;
+        ``agent_class`` keeps only identities of that class. Walk the fleet by passing
+        the last identity of a page as the next ``after``.
+
+        Raises:
+            InvalidSpecError: ``limit`` is not a positive integer.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidSpecError(f"limit must be a positive integer, got {limit!r}", field="limit")
+        return self._db.read(
+            lambda tx: _checkpoints.latest(tx, after=after, limit=limit, agent_class=agent_class)
+        )
 
     def dedup_window(self, identity: str) -> list[tuple[str, bytes]]:
         """The remembered idempotency keys of an identity, oldest first, with their replies."""

@@ -28,6 +28,7 @@ from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
+    CheckpointRow,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -176,6 +177,11 @@ class LocalLedgerClient:
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
         return self._run(self.ledger.commit_checkpoints, commits)
+
+    def latest_checkpoints(
+        self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
+    ) -> LedgerCall[list[CheckpointRow]]:
+        return self._run(self.ledger.latest_checkpoints, after=after, limit=limit, agent_class=agent_class)
 
     def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
         return self._run(self.ledger.dedup_window, identity)

@@ -225,4 +225,9 @@ CREATE TABLE IF NOT EXISTS step_leases (
 CREATE INDEX IF NOT EXISTS tells_by_attempt ON tells(attempted_at);
 CREATE INDEX IF NOT EXISTS dead_letters_by_message ON dead_letters(identity, message_id);
 """),
+    # 5: when each checkpoint pointer last moved (exports show it; NULL for pointers moved
+    # before this version), and identities by agent class (an export reads one class at a time).
+    Migration("""ALTER TABLE continuity ADD COLUMN committed_at {real};
+CREATE INDEX IF NOT EXISTS identities_by_class ON identities(agent_class, identity);
+"""),
 )

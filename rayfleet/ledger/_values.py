@@ -106,6 +106,26 @@ class CheckpointCommit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRow:
+    """An identity's latest committed checkpoint as the ledger points at it (what an export reads)."""
+
+    identity: str
+    agent_class: str
+    """The spec's agent class path (``module:Class``)."""
+    lifecycle: str
+    """The persisted lifecycle marker: ``live``, ``retired`` or ``broken``."""
+    generation: int
+    checkpoint_version: int
+    """0 when the identity never committed a checkpoint in this generation."""
+    fencing_token: int
+    """The token the latest checkpoint (or activation) was written under."""
+    committed_at: float | None
+    """Wall-clock seconds (the ledger's clock) of the latest commit; ``None`` if none, or if it predates schema 5."""
+    snapshot: SnapshotPointer | None
+    """Where the committed State is; ``None`` when nothing was committed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoredMessage:
     """A parked message or a dead letter as the ledger keeps it (payload still pickled)."""
 

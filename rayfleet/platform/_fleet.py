@@ -10,7 +10,7 @@ import os
 import pickle
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +18,7 @@ from typing import Any, cast
 import cloudpickle
 import ray
 
+from ..checkpoints._export import ExportReport, export_fleet
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
@@ -612,6 +613,32 @@ class Fleet:
         """Delete snapshot files no continuity record points at and older than ``min_age`` seconds."""
         referenced = self._ledger.referenced_snapshot_files().result()
         return self._snapshot_store().collect_garbage(referenced, min_age=min_age)
+
+    def export(
+        self, path: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
+    ) -> ExportReport:
+        """Write every identity's latest committed State, the dead letters and the runs as Parquet under ``path``.
+
+        ``path`` is a local folder or any ``pyarrow.fs`` URI (``s3://bucket/prefix?...``),
+        like the storage. One table (folder) per agent class, named ``module.Class``,
+        with ``identity``, ``lifecycle``, ``generation``, ``checkpoint_version``,
+        ``fencing_token`` and ``committed_at`` columns and one column per State field;
+        plus ``dead_letters`` and ``runs``. Retired and broken identities are exported
+        with their last committed State; identities that never committed one have no
+        row (counted in ``uncheckpointed``). Identities are read and written a page at a
+        time, so a large fleet is never held in memory. An earlier export at ``path``
+        is replaced. ``progress`` is told ``(done, total)`` identities as it goes.
+
+        What is exported is what was committed: State an agent holds but has not
+        checkpointed yet (``PERIODIC`` or ``ON_DEACTIVATE`` durability) is not in it.
+
+        Raises:
+            InvalidSpecError: ``path`` is unusable, or holds files other than an earlier export.
+            StorageUnavailableError: the destination or the snapshots cannot be reached.
+            LedgerUnavailableError: the ledger cannot be reached.
+        """
+        return export_fleet(os.fspath(path), ledger=self._ledger, snapshots=self._snapshot_store(),
+                            progress=progress)
 
     def _snapshot_store(self) -> SnapshotStore:
         # Made on first use: a local folder is created only when the driver itself needs it.

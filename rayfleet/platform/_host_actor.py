@@ -45,6 +45,7 @@ from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..retry import RetryPolicy
 from ._ledger_client import connect_ledger
+from ._metrics import HOST_EXPORT_INTERVAL, RayHostMetrics
 from ._routing import (
     ERROR,
     OK,
@@ -176,6 +177,8 @@ class AgentHost:
         self._tell_sweeper: asyncio.Task[None] | None = None
         self._subscriptions: dict[str, tuple[str, EventSubscription, float]] = {}
         self._node_watch: asyncio.Task[None] | None = None
+        self._metrics = RayHostMetrics(name)
+        self._metrics_export: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Connect to the ledger, start the runtime and register; returns the lease holder id.
@@ -212,6 +215,7 @@ class AgentHost:
             runtime = HostRuntime(
                 name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
                 lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
+                metrics=self._metrics,
             )
             try:
                 await runtime.start()
@@ -238,8 +242,18 @@ class AgentHost:
         drain_on_sigterm(loop, self._drain_before_exit)
         self._node_watch = loop.create_task(self._watch_node_drain())
         self._tell_sweeper = loop.create_task(self._sweep_tells(), name=f"{self.name}-tells")
+        self._metrics_export = loop.create_task(self._export_metrics(), name=f"{self.name}-metrics")
         self._start_failure = None
         self._start_failures = 0
+
+    async def _export_metrics(self) -> None:
+        """Hand the host's metric tallies to Ray once per :data:`HOST_EXPORT_INTERVAL`, for the host's lifetime."""
+        while True:
+            await asyncio.sleep(HOST_EXPORT_INTERVAL)
+            try:
+                self._metrics.export()
+            except Exception as error:  # noqa: BLE001 - metrics must never take a host down
+                log.warning("%s could not export metrics: %s", self.name, error)
 
     def _start_error(self, error: Exception) -> FleetUnavailableError:
         return FleetUnavailableError(

@@ -9,6 +9,7 @@ caller receives the ledger's own error rather than Ray's wrapper around it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +29,7 @@ from ..ledger._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
+    CheckpointRow,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -41,6 +43,7 @@ from ..ledger._values import (
     TopologySnapshot,
 )
 from ._binding import bind_fleet
+from ._metrics import RayLedgerMetrics
 
 LEDGER_ACTOR_NAME = "rayfleet-ledger"
 
@@ -59,14 +62,22 @@ class _Refusal:
         return (_Refusal, (self.error,))
 
 
+_METRICS = RayLedgerMetrics()
+
+
 def _answer(refusal: RayfleetError | None, operation: Callable[..., Any], args: tuple[Any, ...],
-            kwargs: dict[str, Any]) -> Any:
+            kwargs: dict[str, Any], *, name: str | None = None) -> Any:
     if refusal is not None:
         return _Refusal(refusal)
+    started = time.perf_counter()
+    outcome = "OK"
     try:
         return operation(*args, **kwargs)
     except RayfleetError as error:
+        outcome = type(error).__name__
         return _Refusal(error)
+    finally:
+        _METRICS.operation(name or operation.__name__, outcome, time.perf_counter() - started)
 
 
 def _unwrap(reply: Any) -> Any:
@@ -95,7 +106,7 @@ class LedgerActor:
                 self._refusal = error
 
     def incarnation(self) -> Any:
-        return _answer(self._refusal, lambda: self._ledger.incarnation, (), {})
+        return _answer(self._refusal, lambda: self._ledger.incarnation, (), {}, name="incarnation")
 
     def fleet_identity(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.fleet_identity, args, kwargs)
@@ -147,6 +158,9 @@ class LedgerActor:
 
     def commit_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.commit_checkpoints, args, kwargs)
+
+    def latest_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.latest_checkpoints, args, kwargs)
 
     def dedup_window(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.dedup_window, args, kwargs)
@@ -369,6 +383,11 @@ class RayLedgerClient:
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
         return _RayCall(self.actor.commit_checkpoints.remote(list(commits)))
+
+    def latest_checkpoints(
+        self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
+    ) -> LedgerCall[list[CheckpointRow]]:
+        return _RayCall(self.actor.latest_checkpoints.remote(after=after, limit=limit, agent_class=agent_class))
 
     def dedup_window(self, identity: str) -> LedgerCall[list[tuple[str, bytes]]]:
         return _RayCall(self.actor.dedup_window.remote(identity))

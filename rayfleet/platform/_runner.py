@@ -46,6 +46,7 @@ from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
 from ._ledger_client import connect_ledger
+from ._metrics import RayRunMetrics
 from ._routing import Courier, HostDirectory, dispatch_request
 
 log = logging.getLogger("rayfleet.workflow")
@@ -300,9 +301,12 @@ async def execute_run(
     engine = WorkflowEngine(
         workflow, run_id=run_id, dispatcher=RayDispatcher(courier, run_id),
         journal=LedgerJournal(courier.ledger, files), sender=f"workflow:{run_id}", holder=holder,
-        takeover_from=takeover_from, lease_ttl=lease_ttl,
+        takeover_from=takeover_from, lease_ttl=lease_ttl, metrics=_RUN_METRICS,
     )
     return await engine.run()
+
+
+_RUN_METRICS = RayRunMetrics()
 
 
 def _pickle_outcome(outcome: WorkflowOutcome) -> bytes:

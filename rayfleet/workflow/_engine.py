@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import logging
 import random
@@ -91,6 +92,53 @@ class Dispatcher(Protocol):
         ...
 
 
+class StepOutcome(str, enum.Enum):
+    """How one step of a run ended, as counted by ``rayfleet_workflow_steps``."""
+
+    COMPLETED = "COMPLETED"
+    """Dispatched, verified and journaled."""
+    REPLAYED = "REPLAYED"
+    """Found in the journal when the run resumed: re-derived, not dispatched again."""
+    FAILED = "FAILED"
+    """Failed for good (the run then compensates)."""
+    COMPENSATED = "COMPENSATED"
+    """Its compensation ran and succeeded."""
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
+
+
+class RunMetrics(Protocol):
+    """What the engine reports for dashboards; calls must not block. :data:`NO_RUN_METRICS` drops them."""
+
+    def run_started(self, workflow: str) -> None:
+        """An engine took a run of ``workflow`` (new or resumed) and starts executing it."""
+        ...
+
+    def run_ended(self, workflow: str, status: RunStatus) -> None:
+        """A run of ``workflow`` ended with ``status`` (COMPLETED, COMPENSATED, FAILED or CANCELLED)."""
+        ...
+
+    def step(self, workflow: str, outcome: StepOutcome) -> None:
+        """One step of a run of ``workflow`` ended with ``outcome``."""
+        ...
+
+
+class _NoRunMetrics:
+    __slots__ = ()
+
+    def run_started(self, workflow: str) -> None:
+        pass
+
+    def run_ended(self, workflow: str, status: RunStatus) -> None:
+        pass
+
+    def step(self, workflow: str, outcome: StepOutcome) -> None:
+        pass
+
+
+NO_RUN_METRICS: RunMetrics = _NoRunMetrics()
+"""The default :class:`RunMetrics`: reports nothing."""
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -161,6 +209,7 @@ class WorkflowEngine:
         clock: monotonic clock for the wall-clock budget (injectable for tests).
         poll_interval: seconds between status polls while paused.
         rng: random source for retry jitter.
+        metrics: where runs and steps are counted for dashboards (nothing by default).
     """
 
     def __init__(
@@ -177,7 +226,9 @@ class WorkflowEngine:
         holder: str | None = None,
         lease_ttl: float = DEFAULT_RUN_LEASE_TTL,
         takeover_from: str | None = None,
+        metrics: RunMetrics = NO_RUN_METRICS,
     ) -> None:
+        self._metrics = metrics
         if not isinstance(run_id, str) or not run_id:
             raise InvalidSpecError(f"run_id must be a non-empty string, got {run_id!r}", field="run_id")
         if holder is not None and (not isinstance(holder, str) or not holder):
@@ -292,6 +343,10 @@ class WorkflowEngine:
         await self._set_status(
             RunStatus.RUNNING, f"resumed with {replayed} journaled step(s)" if replayed else "started",
         )
+        name = self.workflow.name
+        self._metrics.run_started(name)
+        for _ in range(replayed):
+            self._metrics.step(name, StepOutcome.REPLAYED)
 
         failure, cancelled = await self._schedule(order)
         if self._lost is not None:
@@ -299,6 +354,7 @@ class WorkflowEngine:
         if failure is None:
             outcome = self._outcome(RunStatus.COMPLETED, None, (), {})
             await self._set_status(RunStatus.COMPLETED, "every step completed", outcome)
+            self._metrics.run_ended(name, RunStatus.COMPLETED)
             return outcome
 
         compensated, compensation_errors = await self._compensate(set(state.compensated))
@@ -312,6 +368,7 @@ class WorkflowEngine:
             detail += f" | compensation failed for {listing}; undo those steps by hand or rerun their compensation"
         outcome = self._outcome(status, failure, tuple(compensated), compensation_errors)
         await self._set_status(status, detail, outcome)
+        self._metrics.run_ended(name, status)
         return outcome
 
     def _outcome(
@@ -349,8 +406,10 @@ class WorkflowEngine:
                 if isinstance(error, StaleRunTokenError):
                     self._lose(error)
                 elif error is not None and failure is None:
+                    self._metrics.step(self.workflow.name, StepOutcome.FAILED)
                     failure = _as_failure(label, error)
                 elif error is not None:
+                    self._metrics.step(self.workflow.name, StepOutcome.FAILED)
                     logger.warning("step %r of run %r also failed: %s", label, self.run_id, error)
 
         try:
@@ -444,6 +503,7 @@ class WorkflowEngine:
         self._outputs[step.label] = output
         self._completed.append(step.label)
         self._served_by[step.label] = served
+        self._metrics.step(self.workflow.name, StepOutcome.COMPLETED)
 
     async def _build_payload(self, step: Step, attempt: int) -> dict[str, Any]:
         payload = step.payload
@@ -718,6 +778,7 @@ class WorkflowEngine:
             else:
                 compensated.append(label)
                 ok, reason = True, ""
+            self._metrics.step(self.workflow.name, StepOutcome.COMPENSATED if ok else StepOutcome.COMPENSATION_FAILED)
             try:
                 await self._fenced(self._journal.record_compensation, self.run_id, label, ok, reason)
             except StaleRunTokenError:

@@ -578,6 +578,28 @@ def test_commit_version_zero_is_refused_before_first_checkpoint(ledger):
     assert isinstance(outcome, StaleCheckpointVersionError)
 
 
+def test_latest_checkpoints_pages_every_identity_with_its_pointer_and_commit_time(ledger, clock):
+    for identity, agent_class in (("a", "m:A"), ("b", "m:B"), ("c", "m:A"), ("d", "m:A")):
+        ledger.register(spec_record(identity, agent_class=agent_class))
+    token = grant(ledger, "H", "a").fencing_token
+    clock.set(1_000.5)
+    assert ledger.commit_checkpoints([commit("a", token, 1, file="snapshots/f.arrow", row=3)]) == [None]
+    grant(ledger, "H", "c")  # activated, never committed
+    first, rest = ledger.latest_checkpoints(limit=2), ledger.latest_checkpoints(after="b", limit=2)
+    assert [row.identity for row in first + rest] == ["a", "b", "c", "d"]
+    a, b, c = first[0], first[1], rest[0]
+    assert (a.agent_class, a.lifecycle, a.generation, a.checkpoint_version, a.fencing_token) == (
+        "m:A", PERSISTED_LIVE, 0, 1, token)
+    assert a.committed_at == 1_000.5 and a.snapshot == SnapshotPointer(file="snapshots/f.arrow", row=3, version=1)
+    assert b.snapshot is None and b.checkpoint_version == 0 and b.committed_at is None
+    assert c.snapshot is None and c.fencing_token > 0
+    assert [row.identity for row in ledger.latest_checkpoints(agent_class="m:A", after="a")] == ["c", "d"]
+    reset_token = grant(ledger, "H", "a").fencing_token
+    ledger.reset(identity="a", fencing_token=reset_token)
+    [after_reset] = ledger.latest_checkpoints(limit=1)
+    assert after_reset.snapshot is None and after_reset.committed_at is None and after_reset.generation == 1
+
+
 def test_commit_for_unknown_identity_is_refused(ledger):
     [outcome] = ledger.commit_checkpoints([commit("ghost", 1, 1)])
     assert isinstance(outcome, UnknownIdentityError)

@@ -25,7 +25,7 @@ from rayfleet.workflow._definition import (
     Select,
     Workflow,
 )
-from rayfleet.workflow._engine import WorkflowEngine
+from rayfleet.workflow._engine import StepOutcome, WorkflowEngine
 from rayfleet.workflow._journal import InMemoryJournal
 
 WORK = Select({"skill": "work"})
@@ -617,3 +617,32 @@ async def test_replayed_steps_compensate_in_journaled_completion_order(fleet) ->
     assert state.completion_order == ("y", "x")
     outcome = await engine(wf, fleet, journal, sender="workflow:run-1").run()
     assert outcome.compensated == ("x", "y") and outcome.invocations == 1
+
+
+class RecordingRunMetrics:
+    """A ``RunMetrics`` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ...]] = []
+
+    def run_started(self, workflow: str) -> None:
+        self.events.append(("started", workflow))
+
+    def run_ended(self, workflow: str, status: RunStatus) -> None:
+        self.events.append(("ended", workflow, status.value))
+
+    def step(self, workflow: str, outcome: StepOutcome) -> None:
+        self.events.append(("step", workflow, outcome.value))
+
+
+async def test_runs_and_steps_are_reported_to_the_metrics_port(fleet) -> None:
+    fleet.on("boom", fail)
+    metrics = RecordingRunMetrics()
+    await engine(three_steps(), fleet, metrics=metrics).run()
+    assert metrics.events == [
+        ("started", "wf"), ("step", "wf", "COMPLETED"), ("step", "wf", "COMPLETED"), ("step", "wf", "FAILED"),
+        ("step", "wf", "COMPENSATED"), ("step", "wf", "COMPENSATED"), ("ended", "wf", "COMPENSATED"),
+    ]
+    completed = RecordingRunMetrics()
+    await engine(three_steps(fail_third=False), fleet, run_id="run-2", metrics=completed).run()
+    assert completed.events[-1] == ("ended", "wf", "COMPLETED")
