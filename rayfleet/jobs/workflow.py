@@ -144,11 +144,14 @@ async def _engine(fleet: Fleet, workflow: Workflow, run_id: str, force: bool) ->
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None  # a coroutine run by asyncio.run always has its task
+    previous = signal.getsignal(signal.SIGTERM)  # ray.init's, which exits the process
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
         return await fleet.run_async(workflow, run_id=run_id, force=force)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        if previous is not None:  # None: set outside Python, nothing to restore
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] = ()) -> int:
