@@ -409,12 +409,17 @@ def test_every_job_entrypoint_named_exists_and_takes_those_arguments(source: str
     command: click.Command = job.command
     assert callable(job.main) and isinstance(command, click.Command)
     options = {name for parameter in command.params for name in parameter.opts if name.startswith("-")}
-    flags = [arg.split("=", 1)[0] for arg in args if arg.startswith("-")]
+    words = [arg.strip("[]") for arg in args]  # "[--prune]" in usage lines is the option --prune
+    flags = [word.split("=", 1)[0] for word in words if word.startswith("-")]
     assert set(flags) <= options, f"{source}: {module} has no option {sorted(set(flags) - options)}"
-    positional = [arg for arg in args if not arg.startswith("-") and not arg.startswith("<")]
+    valued = {name for parameter in command.params if isinstance(parameter, click.Option) and not parameter.is_flag
+              for name in parameter.opts}
+    positional = [word for index, word in enumerate(words)
+                  if not word.startswith("-") and not (index and words[index - 1] in valued)]
     arguments = [parameter for parameter in command.params if isinstance(parameter, click.Argument)]
     assert len(positional) >= len(arguments), f"{source}: {module} needs {[a.name for a in arguments]}"
     for value, parameter in zip(positional, arguments, strict=False):
-        if isinstance(parameter.type, click.Path):
+        placeholder = value.isupper() or value.startswith("<")  # ROSTER, <path>: usage, not a file
+        if isinstance(parameter.type, click.Path) and not placeholder:
             # A roster the job reads: in the repository (relative to --working-dir .) or mounted into the pod.
             assert (ROOT / value).is_file() or _container_file(value), f"{source}: {value!r} does not exist"
