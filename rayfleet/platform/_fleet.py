@@ -817,12 +817,14 @@ def _import_root(module: Any) -> Path | None:
     """The folder on ``sys.path`` a module was imported from (``a.b`` in ``/x/a/b.py`` -> ``/x``)."""
     location = getattr(module, "__file__", None)
     name = getattr(module, "__name__", "")
-    if not location or not name:
+    if name == "__main__":
+        # `python -m pkg.tool` runs pkg/tool.py as __main__ from the folder above pkg/.
+        spec = getattr(module, "__spec__", None)
+        name = spec.name if spec is not None and spec.name else ""
+    if not location:
         return None
     path = Path(location).resolve()
     depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
-    if name == "__main__":
-        depth = 0
     if depth >= len(path.parents):
         return None
     return path.parents[depth]
