@@ -176,6 +176,14 @@ def jobs(cluster: Cluster) -> Iterator[Jobs]:
     client.close()
 
 
+@pytest.fixture(scope="module")
+def demo_job(jobs: Jobs, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo, submitted once and early: it runs while the workflow test's jobs do."""
+    # As the README says: from the repository, --working-dir . (the job imports this checkout's rayfleet).
+    storage = tmp_path_factory.mktemp("demo")
+    return jobs.submit(f"python -m rayfleet.jobs.demo --storage {storage}", working_dir=ROOT)
+
+
 def _result(logs: str) -> dict[str, Any]:
     """The JSON result line a job prints last."""
     last = [line for line in logs.splitlines() if line.startswith("{")][-1]
@@ -192,14 +200,6 @@ def test_a_job_client_without_the_token_is_refused(cluster: Cluster) -> None:
                            env=cluster.client_env(token=secrets.token_hex(32)),
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode != 0 and "Invalid authentication token" in wrong.stderr, wrong.stderr[-2000:]
-
-
-def test_the_demo_runs_as_a_ray_job_from_a_checkout(jobs: Jobs, tmp_path: Path) -> None:
-    # As the README says: from the repository, --working-dir . (the job imports this checkout's rayfleet).
-    job = jobs.submit(f"python -m rayfleet.jobs.demo --storage {tmp_path / 'demo'}", working_dir=ROOT)
-    status, logs = jobs.wait(job)
-    assert status == "SUCCEEDED", logs[-4000:]
-    assert "Demo passed" in logs
 
 
 FLOWS = """
@@ -248,7 +248,7 @@ agents:
 
 
 def test_a_workflow_job_submitted_again_resumes_its_run_from_the_journal(
-    jobs: Jobs, tmp_path: Path
+    jobs: Jobs, demo_job: str, tmp_path: Path
 ) -> None:
     project = tmp_path / "project"  # the user's folder: agents, workflow and roster, as --working-dir
     project.mkdir()
@@ -287,3 +287,9 @@ def test_a_workflow_job_submitted_again_resumes_its_run_from_the_journal(
     assert status == "SUCCEEDED", logs[-4000:]
     again = _result(logs)
     assert (again["how"], again["status"], again["outputs"]) == ("already ended", "COMPLETED", resumed["outputs"])
+
+
+def test_the_demo_runs_as_a_ray_job_from_a_checkout(jobs: Jobs, demo_job: str) -> None:
+    status, logs = jobs.wait(demo_job)
+    assert status == "SUCCEEDED", logs[-4000:]
+    assert "Demo passed" in logs
