@@ -43,8 +43,9 @@ def fleet_options(command: Command) -> Command:
                           "default: SQLite in the storage folder]"),
         click.option("--namespace", envvar="RAYFLEET_NAMESPACE", default=DEFAULT_NAMESPACE, show_default=True,
                      help="Ray namespace of the fleet [env RAYFLEET_NAMESPACE]"),
-        click.option("--hosts", type=click.IntRange(min=1), default=None,
-                     help="host actors to create if the fleet has none yet (default: one per CPU)"),
+        click.option("--hosts", envvar="RAYFLEET_HOSTS", type=click.IntRange(min=1), default=None,
+                     help="host actors the fleet keeps; missing ones are created (default: one per CPU of the "
+                          "cluster) [env RAYFLEET_HOSTS]"),
     )
     for decorate in reversed(decorators):
         command = decorate(command)

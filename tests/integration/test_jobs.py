@@ -256,12 +256,13 @@ def test_a_workflow_job_submitted_again_resumes_its_run_from_the_journal(
     (project / "flows.py").write_text(textwrap.dedent(FLOWS.format(gate=str(gate), started=str(started))))
     (project / "team.yaml").write_text(ROSTER)
     # The fleet's settings travel in the job's runtime_env, as the README shows.
-    fleet = {"RAYFLEET_STORAGE": str(tmp_path / "store"), "RAYFLEET_NAMESPACE": f"jobs-{uuid.uuid4().hex[:8]}"}
+    fleet = {"RAYFLEET_STORAGE": str(tmp_path / "store"), "RAYFLEET_NAMESPACE": f"jobs-{uuid.uuid4().hex[:8]}",
+             "RAYFLEET_HOSTS": "1"}
 
     status, logs = jobs.wait(jobs.submit("python -m rayfleet.jobs.apply team.yaml", working_dir=project,
                                          env_vars=fleet))
     assert status == "SUCCEEDED", logs[-4000:]
-    assert _result(logs)["created"] == ["gate/main", "tally/main"]
+    assert _result(logs)["created"] == ["tally/main", "gate/main"]  # in roster order
 
     run = "python -m rayfleet.jobs.workflow flows:trip --run-id trip-1 --roster team.yaml"
     first = jobs.submit(run, working_dir=project, env_vars=fleet)
