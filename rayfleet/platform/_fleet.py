@@ -756,21 +756,32 @@ def spec_record(spec: AgentSpec) -> SpecRecord:
 
 
 def pickle_spec(spec: AgentSpec) -> bytes:
-    """Pickle a spec so any host can rebuild it.
+    """Pickle a spec so any host can rebuild it, whoever started the host and wherever.
 
     Agent classes from the user's own files (not an installed package) are pickled by
-    value: Ray workers do not see the driver's ``sys.path``, and on a laptop users
-    expect a class defined next to their script to just work. Installed packages and
-    ``"pkg.module:Class"`` paths are pickled by reference, as Ray users would expect.
+    value, whether the spec names the class itself or a ``"module:Class"`` path (a
+    roster's module beside the roster file, a script's folder added to ``sys.path``):
+    hosts are detached actors started by whichever driver came first, with that
+    driver's ``sys.path`` and working directory, so they cannot import a module only
+    this driver sees. The bytes go into the ledger with the spec, so a host Ray
+    restarts later rebuilds the class from there too. Classes of installed packages
+    are pickled by reference, as Ray users would expect: install them on every node.
 
     The class is pickled once per process and its bytes reused for every spec that
     names it, so creating many agents of one class costs little per agent.
+
+    Raises:
+        InvalidSpecError: the agent class must travel by value and cannot be pickled.
     """
-    if isinstance(spec.agent, str):
-        pickled: bytes = cloudpickle.dumps(spec)
-        return pickled
+    agent = spec.agent
+    if isinstance(agent, str):
+        resolved = spec.agent_class  # the driver imported it when the spec was built
+        if not _ships_by_value(resolved):
+            pickled: bytes = cloudpickle.dumps(spec)
+            return pickled
+        agent = resolved
     fields = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec) if field.name != "agent"}
-    package = _SpecPackage(fields, _class_bytes(spec.agent))
+    package = _SpecPackage(fields, _class_bytes(agent))
     try:
         return pickle.dumps(package, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
@@ -784,12 +795,66 @@ _CLASS_BYTES: dict[type[Agent], bytes] = {}
 def _class_bytes(agent: type[Agent]) -> bytes:
     cached = _CLASS_BYTES.get(agent)
     if cached is None:
-        module = sys.modules.get(agent.__module__)
-        location = getattr(module, "__file__", None) or ""
-        if module is not None and location and not _is_installed(location):
-            cloudpickle.register_pickle_by_value(module)
-        cached = _CLASS_BYTES[agent] = cloudpickle.dumps(agent)
+        if _ships_by_value(agent):
+            for module in _modules_shipped_with(agent):
+                cloudpickle.register_pickle_by_value(module)
+        try:
+            cached = cloudpickle.dumps(agent)
+        except Exception as error:  # cloudpickle raises many types for unpicklable module state
+            raise InvalidSpecError(
+                f"agent class {agent.__module__}:{agent.__qualname__} is not installed on the cluster, so it "
+                f"travels to the hosts by value, but it cannot be pickled ({type(error).__name__}: {error}). "
+                f"Keep unpicklable objects (locks, connections, clients) out of its module's globals and create "
+                f"them in on_activate, or install its package on every node",
+                field="agent",
+            ) from error
+        _CLASS_BYTES[agent] = cached
     return cached
+
+
+def _ships_by_value(agent: type[Agent]) -> bool:
+    """Whether hosts may lack ``agent``'s module: it comes from a file that no installed package holds."""
+    location = getattr(sys.modules.get(agent.__module__), "__file__", None)
+    return bool(location) and not _is_installed(str(location))
+
+
+def _modules_shipped_with(agent: type[Agent]) -> list[Any]:
+    """``agent``'s module and every loaded module importable from the same ``sys.path`` folder.
+
+    A module beside a roster, or in a folder only this driver has on its path, often
+    imports helpers from next to it; those travel by value as well, or the host would
+    fail to import them while rebuilding the class. Modules imported later, from
+    inside a handler, are not known here and must be installed on the nodes.
+    """
+    module = sys.modules[agent.__module__]
+    root = _import_root(module)
+    shipped = [module]
+    if root is None:
+        return shipped
+    for name, other in list(sys.modules.items()):
+        location = getattr(other, "__file__", None)
+        if other is module or not location or name == "__main__" or _is_installed(str(location)):
+            continue
+        if _import_root(other) == root:
+            shipped.append(other)
+    return shipped
+
+
+def _import_root(module: Any) -> Path | None:
+    """The folder on ``sys.path`` a module was imported from (``a.b`` in ``/x/a/b.py`` -> ``/x``)."""
+    location = getattr(module, "__file__", None)
+    name = getattr(module, "__name__", "")
+    if name == "__main__":
+        # `python -m pkg.tool` runs pkg/tool.py as __main__ from the folder above pkg/.
+        spec = getattr(module, "__spec__", None)
+        name = spec.name if spec is not None and spec.name else ""
+    if not location:
+        return None
+    path = Path(location).resolve()
+    depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
+    if depth >= len(path.parents):
+        return None
+    return path.parents[depth]
 
 
 class _SpecPackage:

@@ -8,8 +8,11 @@ agent is; the models only check keys and value types.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+import sys
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Any
 
@@ -197,6 +200,11 @@ def load_roster(source: RosterSource) -> list[AgentSpec]:
     :class:`RosterAgent` mappings (``identity``, ``agent`` as ``"pkg.module:Class"``,
     ``labels``, ``peers``, ...).
 
+    An agent path may name a module beside the roster file (``agent: my_agents:Echo``
+    with ``my_agents.py`` next to ``team.yaml``): while a roster file loads, its folder
+    comes first on ``sys.path``, as a script's folder does. Such modules are not
+    installed on the cluster, so the fleet ships their classes to the hosts by value.
+
     Only the roster itself is checked here (fields, duplicates); whether every peer
     exists depends on the fleet, so call :func:`validate_roster` for that.
 
@@ -219,7 +227,8 @@ def load_roster(source: RosterSource) -> list[AgentSpec]:
             raise InvalidSpecError(
                 f"cannot read roster file {path!r}: {error.strerror or error}. Check the path.", field=path
             ) from None
-        return _load_yaml(text, path)
+        with _modules_beside(path):
+            return _load_yaml(text, path)
     if isinstance(source, str):
         if "\n" in source:
             return _load_yaml(source, _TEXT_SOURCE)
@@ -234,6 +243,26 @@ def load_roster(source: RosterSource) -> list[AgentSpec]:
         f"a roster must be a YAML path, YAML text, or a list of AgentSpec or mappings, got {type(source).__name__}",
         field="roster",
     )
+
+
+@contextlib.contextmanager
+def _modules_beside(path: str) -> Iterator[None]:
+    """Make the modules in a roster file's folder importable while its agent paths are resolved.
+
+    The folder leaves ``sys.path`` afterwards; what was imported stays in ``sys.modules``.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    # A module written since the folder was last scanned would otherwise stay invisible.
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
 
 
 def _is_file(text: str) -> bool:
