@@ -38,6 +38,7 @@ from ..retry import RetryPolicy
 log = logging.getLogger("rayfleet.routing")
 
 MAX_HOPS = 8
+"""Hops a request always gets; past them it gives up once it has also been routed for the patience below."""
 OWNER_PROBE_INTERVAL = 1.0
 """Seconds a request waits for its reply before the ledger is asked whether its host still owns the identity."""
 
@@ -45,6 +46,18 @@ OWNER_PROBE_INTERVAL = 1.0
 def probe_interval_for(lease_ttl: float) -> float:
     """The probe interval for a fleet whose leases last ``lease_ttl``: a lapse is seen within TTL + this."""
     return min(OWNER_PROBE_INTERVAL, lease_ttl / 4)
+
+
+def routing_patience_for(lease_ttl: float) -> float:
+    """Seconds a request keeps being routed, past :data:`MAX_HOPS`, before it gives up.
+
+    An owner that cannot be reached (its node died, Ray is restarting it) keeps its
+    identities' leases until they lapse, within one TTL, unless Ray reports it dead or
+    its restarted incarnation registers first; only then can another host take them.
+    Giving up after a fixed number of quick hops would fail requests that a few more
+    seconds would have served, so the budget is two TTLs: the lapse, and the hand-over.
+    """
+    return 2.0 * lease_ttl
 
 
 DIRECTORY_MAX_AGE = 10.0
@@ -96,6 +109,10 @@ class HostDirectory:
     @property
     def names(self) -> list[str]:
         return sorted(self._hosts)
+
+    def hosts(self) -> list[HostInfo]:
+        """The registered hosts as last read from the ledger, by name."""
+        return [self._hosts[name] for name in sorted(self._hosts)]
 
     def candidates(self) -> list[str]:
         live = [name for name, host in self._hosts.items() if not host.draining and name not in self.dead]
@@ -159,9 +176,16 @@ class CallPlan:
     ``report_dead`` so the ledger frees the dead host's leases at once.
     """
 
-    def __init__(self, directory: HostDirectory, identity: str) -> None:
+    def __init__(
+        self, directory: HostDirectory, identity: str, *, patience: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.directory = directory
         self.identity = identity
+        self.patience = patience
+        """Seconds of routing after which a request past :data:`MAX_HOPS` gives up (:func:`routing_patience_for`)."""
+        self._clock = clock
+        self._started = clock()
         self.hops = 0
         self.needs_refresh = False
         self.dead_hosts: list[tuple[str, str | None]] = []
@@ -170,9 +194,10 @@ class CallPlan:
     def target(self) -> tuple[str, ray.actor.ActorHandle]:
         while True:
             self.hops += 1
-            if self.hops > MAX_HOPS:
+            elapsed = self._clock() - self._started
+            if self.hops > MAX_HOPS and elapsed >= self.patience:
                 raise FleetUnavailableError(
-                    detail=f"gave up routing {self.identity!r} after {MAX_HOPS} hops "
+                    detail=f"gave up routing {self.identity!r} after {self.hops - 1} hops in {elapsed:.1f} s "
                     f"(hosts: {', '.join(self.directory.names) or 'none'})"
                 )
             name = self.directory.pick(self.identity)
@@ -265,10 +290,11 @@ class Courier:
         self.probe_interval = probe_interval_for(lease_ttl)
         self.patience = lease_ttl
         """Seconds a host that never held the identity's lease gets to activate it before it is suspect."""
+        self.routing_patience = routing_patience_for(lease_ttl)
         self._refreshed_at = time.monotonic()
 
     def _plan(self, identity: str) -> CallPlan:
-        plan = CallPlan(self.directory, identity)
+        plan = CallPlan(self.directory, identity, patience=self.routing_patience)
         # Other drivers add, drain and undrain hosts; a directory older than this re-reads the
         # host list first, so placement never keeps passing over a host that is back.
         plan.needs_refresh = time.monotonic() - self._refreshed_at > DIRECTORY_MAX_AGE

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+from ray.exceptions import ActorUnavailableError
+
+import rayfleet as rf
 from rayfleet.platform._routing import (
+    MAX_HOPS,
     REDIRECT,
     CallPlan,
     HostDirectory,
     rendezvous_pick,
+    routing_patience_for,
 )
 
 
@@ -49,3 +55,41 @@ def test_redirect_to_an_unknown_host_refreshes_the_directory() -> None:
     known = CallPlan(directory("h0", "h1"), "a/1")
     known.on_reply("h0", (REDIRECT, "h1"))
     assert not known.needs_refresh and known.directory.pick("a/1") == "h1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unreachable_owner_does_not_exhaust_a_request_before_its_lease_can_lapse() -> None:
+    # The owner's node died; Ray restarts it elsewhere, and until then every send to it
+    # fails at once as unavailable. Its leases hold for up to a TTL, so no other host can
+    # take its identities sooner: quick hops must not use up the request meanwhile.
+    clock = Clock()
+    hosts = directory("h0")
+    hosts._handles["h0"] = object()  # a handle needs a cluster; routing decisions do not
+    plan = CallPlan(hosts, "a/1", patience=routing_patience_for(10.0), clock=clock)
+    for _ in range(4 * MAX_HOPS):  # many more hops than MAX_HOPS, within 16 s
+        name, _ = plan.target()
+        plan.on_failure(name, ActorUnavailableError("connection lost", None))
+        clock.now += 0.5
+    assert name == "h0" and plan.needs_refresh
+    clock.now += 5.0  # 21 s in: two TTLs have passed and the owner still cannot be reached
+    with pytest.raises(rf.FleetUnavailableError, match="gave up routing 'a/1' after 32 hops in 21.0 s"):
+        plan.target()
+
+
+def test_a_request_gets_max_hops_however_fast_they_go() -> None:
+    clock = Clock()
+    hosts = directory("h0", "h1")
+    hosts._handles.update({"h0": object(), "h1": object()})
+    plan = CallPlan(hosts, "a/1", patience=0.0, clock=clock)
+    for _ in range(MAX_HOPS):
+        name, _ = plan.target()
+        plan.on_reply(name, (REDIRECT, "h1" if name == "h0" else "h0"))  # two hosts that disagree
+    with pytest.raises(rf.FleetUnavailableError, match=f"after {MAX_HOPS} hops"):
+        plan.target()
