@@ -189,7 +189,10 @@ class CallPlan:
         self.hops = 0
         self.needs_refresh = False
         self.dead_hosts: list[tuple[str, str | None]] = []
-        self._held_by: set[str] = set()
+        self._held_by: dict[str, str] = {}
+        """Hosts seen holding the identity's lease while this request waited, with the holder id seen."""
+        self._regrace: dict[str, float] = {}
+        """When (seconds into the wait) a host was found restarted: its patience counts from then."""
 
     def target(self) -> tuple[str, ray.actor.ActorHandle]:
         while True:
@@ -229,26 +232,44 @@ class CallPlan:
         self.needs_refresh = True
         return False, None
 
-    def on_probe(self, host: str, lease: LeaseView | None, *, waited: float, patience: float) -> bool:
+    def lapsed_while_held(self, host: str, lease: LeaseView | None) -> bool:
+        """Whether ``host`` held the lease earlier in this wait and holds none now (ask who ``host`` is now)."""
+        return lease is None and host in self._held_by
+
+    def on_probe(
+        self, host: str, lease: LeaseView | None, *, waited: float, patience: float, holder_now: str | None = None,
+    ) -> bool:
         """Decide about a request ``host`` has not answered for ``waited`` seconds.
 
         Returns ``True`` to keep waiting, ``False`` to abandon the request and send it
         again. ``host`` holding a live lease is alive and renewing: wait. Another holder:
         re-send to it. No live lease: if ``host`` held it earlier in this wait, it let it
-        lapse (frozen, or cut off from the ledger): fail over at once. If it never held it,
-        it may still be activating under load (acquiring, loading the snapshot), so it gets
-        ``patience`` seconds (a lease TTL) before it is taken for frozen.
+        lapse (frozen, or cut off from the ledger): fail over at once; unless
+        ``holder_now`` (the host's lease holder id in the ledger's host list, read after
+        :meth:`lapsed_while_held`) shows a new incarnation: Ray restarted the host (its
+        node died), the new one freed the old one's leases when it registered, and Ray
+        hands it the waiting request, so it is waited for like any host activating the
+        identity. A host that never held the lease may still be activating under load
+        (acquiring, loading the snapshot), so it gets ``patience`` seconds (a lease TTL)
+        before it is taken for frozen.
         """
         if lease is not None:
             owner = holder_host(lease.holder)
             if owner == host:
-                self._held_by.add(host)
+                self._held_by[host] = lease.holder
                 return True
             log.warning("%s moved from %s to %s while a request waited; re-sending", self.identity, host, owner)
             self.directory.remember(self.identity, owner)
             self.needs_refresh = owner not in self.directory.names
             return False
-        if host not in self._held_by and waited < patience:
+        held = self._held_by.get(host)
+        if held is not None and holder_now is not None and holder_now != held:
+            log.warning("%s restarted (now %s) while it held %s's request; waiting for it", host, holder_now,
+                        self.identity)
+            del self._held_by[host]
+            self._regrace[host] = waited
+            return True
+        if held is None and waited - self._regrace.get(host, 0.0) < patience:
             return True
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)
@@ -366,7 +387,12 @@ class Courier:
                 # retry under the same idempotency key then gets its reply).
                 raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
             lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
-            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
+            holder_now = None
+            if plan.lapsed_while_held(host, lease):
+                self.refresh_sync()
+                holder_now = self.directory.holder_of(host)
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
+                             holder_now=holder_now):
                 continue
             ready, _ = ray.wait([pending], timeout=0)
             if ready:  # answered while the ledger was asked: the reply stands
@@ -407,7 +433,12 @@ class Courier:
             if done:
                 return reply.result()
             lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
-            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
+            holder_now = None
+            if plan.lapsed_while_held(host, lease):
+                await self.refresh_async()
+                holder_now = self.directory.holder_of(host)
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
+                             holder_now=holder_now):
                 continue
             if reply.done():
                 return reply.result()

@@ -8,6 +8,7 @@ import pytest
 from ray.exceptions import ActorUnavailableError
 
 import rayfleet as rf
+from rayfleet.ledger._values import LeaseView
 from rayfleet.platform._routing import (
     MAX_HOPS,
     REDIRECT,
@@ -93,3 +94,28 @@ def test_a_request_gets_max_hops_however_fast_they_go() -> None:
         plan.on_reply(name, (REDIRECT, "h1" if name == "h0" else "h0"))  # two hosts that disagree
     with pytest.raises(rf.FleetUnavailableError, match=f"after {MAX_HOPS} hops"):
         plan.target()
+
+
+def lease(holder: str) -> LeaseView:
+    return LeaseView(holder=holder, fencing_token=3, ttl=10.0, expires_in=9.0)
+
+
+def test_an_owner_that_lets_its_lease_lapse_is_failed_over_at_once() -> None:
+    plan = CallPlan(directory("h0", "h1"), "a/1")
+    assert plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0)
+    assert plan.lapsed_while_held("h0", None)
+    # Frozen: the same incarnation is still registered, and it let the lease lapse.
+    assert not plan.on_probe("h0", None, waited=2.0, patience=10.0, holder_now="h0@1")
+    assert plan.directory.pick("a/1") == "h1"  # passed over while suspect
+
+
+def test_an_owner_that_ray_restarted_is_waited_for_like_a_host_activating() -> None:
+    # Its node died; the new incarnation freed the old one's leases when it registered,
+    # and Ray hands it the waiting request: no failover, and it gets a full patience.
+    plan = CallPlan(directory("h0", "h1"), "a/1")
+    assert plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0)
+    assert plan.on_probe("h0", None, waited=2.0, patience=10.0, holder_now="h0@2")
+    assert not plan.lapsed_while_held("h0", None)
+    assert plan.on_probe("h0", None, waited=11.0, patience=10.0)  # 9 s since it was seen restarted
+    assert plan.on_probe("h0", lease("h0@2"), waited=11.5, patience=10.0)  # activated: waited for
+    assert not plan.on_probe("h0", None, waited=12.5, patience=10.0, holder_now="h0@2")  # then lapsed: frozen
