@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -195,7 +196,11 @@ class AgentHost:
         self._stopping = False
         context = ray.get_runtime_context()
         self._node = context.get_node_id()
-        if context.was_current_actor_reconstructed:
+        with warnings.catch_warnings():
+            # Ray's own property reads a deprecated one inside (actor_id); nothing to change on our side.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = context.was_current_actor_reconstructed
+        if restarted:
             # Ray restarted this host (its process or node died). Starting now, not on the first
             # request, re-registers it at once, which frees the earlier incarnation's leases:
             # its identities are served again without waiting a lease TTL.
@@ -477,11 +482,13 @@ class AgentHost:
                 await self.drain(timeout)
 
     async def _keep_nodes_covered(self) -> None:
-        """Start a host on every eligible node that has none of the fleet's hosts (a node that joined).
+        """Keep the host list true to Ray, and a host on every eligible node (one that joined, or lost its hosts).
 
         Only the leader acts: the lowest-named host that is registered and not draining, as
         the ledger lists them, so one host watches however many there are; when it dies, the
         next one takes over at its next look. A look every :data:`NODE_WATCH_INTERVAL` seconds.
+        Registered hosts whose actors Ray no longer has (they died with their node) leave the
+        host list, which frees their leases, even when no request has run into them yet.
         """
         while not self._stopping:
             await asyncio.sleep(NODE_WATCH_INTERVAL)
@@ -503,8 +510,13 @@ class AgentHost:
                 or serving[0].holder != self.runtime.holder:
             return {}
         nodes = await asyncio.to_thread(live_nodes)
+        # Read after the host list: a host registered in it existed before this listing.
         actors = await asyncio.to_thread(host_actor_names, self.namespace)
-        names = set(actors) | set(directory.names)  # a registered name whose actor is gone is not reused here
+        for info in directory.hosts():
+            if info.name not in actors:
+                log.warning("%s forgets %s: Ray has no such actor any more", self.name, info.name)
+                await self.courier.ledger.remove_host(name=info.name, holder=info.holder)
+        names = set(actors) | set(directory.names)
         placed = await self._host_nodes(actors)
         if any(node is None for node in placed.values()) and self._unsure_passes < UNSURE_PASSES:
             # A host that does not say where it runs may be restarting onto one of these nodes.
@@ -606,7 +618,7 @@ def launch_host(
     name: str, *, namespace: str, storage: str, lease_ttl: float, idle_timeout: float, ledger: str,
     node: str | None,
 ) -> ray.actor.ActorHandle:
-    """The host actor ``name``, created on ``node`` (soft affinity, see ``_placement``) if it does not exist yet.
+    """The host actor ``name``, created pinned to ``node`` (see ``_placement``) if it does not exist yet.
 
     An existing actor of that name is returned as it is, wherever it runs. The host is
     not started: call ``start`` on it.

@@ -2,12 +2,21 @@
 
 Ray's ``SPREAD`` strategy does not spread actors that ask for no resources (hosts take
 ``num_cpus=0``, so that they never hold back the CPUs agents' work needs): three hosts
-may all land on one node. So each new host gets a node of its own choosing, pinned with
-``NodeAffinitySchedulingStrategy(soft=True)``: the node with the fewest of the fleet's
-hosts, ties going to the lowest node id (round-robin over the alive nodes sorted by id,
-when none has a host yet). ``soft=True`` matters when that node dies: Ray then restarts
-the host on another node instead of leaving it unschedulable, and the restarted host
-frees its earlier incarnation's leases when it registers again.
+may all land on one node. So each new host gets a node chosen here: the eligible node
+with the fewest of the fleet's hosts, ties going to the lowest node id (round-robin over
+the alive nodes sorted by id, when none has a host yet).
+
+The host is pinned there with ``NodeAffinitySchedulingStrategy(soft=False)``: it lives
+and dies with its node. ``soft=True`` was tried and rejected for two measured reasons:
+Ray may place a soft-pinned actor elsewhere while the chosen node is busy starting
+worker processes (six actors soft-pinned round-robin over three nodes landed 3+3 on two
+of them, hard-pinned ones 2+2+2), and when a node dies its soft-pinned hosts are
+restarted elsewhere one worker start at a time (about 3 s each on a 2-CPU machine, 15 s
+for five), while their identities wait. A hard-pinned host is reported dead
+(``ActorUnschedulableError``) the moment its node is gone: routers free its leases and
+its identities are activated on live hosts at once. A host whose process dies on a live
+node is still restarted there by Ray. Lost hosts are not replaced on other nodes; a node
+left with no host, or a node that joins, gets one (see ``AgentHost``).
 
 Eligible nodes are the alive ones that are not being drained and have a CPU (a KubeRay
 head started with ``num-cpus: 0`` is kept free of work); when no node has a CPU, every
@@ -79,7 +88,7 @@ def free_host_name(taken: Collection[str]) -> str:
 
 def host_scheduling(node: str | None) -> NodeAffinitySchedulingStrategy | str:
     """The scheduling strategy of a new host meant for ``node`` (Ray's default when there is none)."""
-    return "DEFAULT" if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+    return "DEFAULT" if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=False)
 
 
 def host_actor_names(namespace: str) -> list[str]:

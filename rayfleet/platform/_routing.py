@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError
 
 from ..errors import FleetUnavailableError, InvalidArgumentsError
 from ..host._messages import Envelope
@@ -238,11 +238,16 @@ class CallPlan:
 
     def on_probe(
         self, host: str, lease: LeaseView | None, *, waited: float, patience: float, holder_now: str | None = None,
+        restarting: bool = False,
     ) -> bool:
         """Decide about a request ``host`` has not answered for ``waited`` seconds.
 
         Returns ``True`` to keep waiting, ``False`` to abandon the request and send it
-        again. ``host`` holding a live lease is alive and renewing: wait. Another holder:
+        again. ``restarting`` (Ray is restarting ``host``: the process the request went to
+        is dead, as when its node was removed): fail over at once, and have the dead
+        incarnation's leases freed (if it holds this one) so that a live host takes the
+        identity now rather than when the host is back or the lease lapses.
+        ``host`` holding a live lease is alive and renewing: wait. Another holder:
         re-send to it. No live lease: if ``host`` held it earlier in this wait, it let it
         lapse (frozen, or cut off from the ledger): fail over at once; unless
         ``holder_now`` (the host's lease holder id in the ledger's host list, read after
@@ -253,6 +258,13 @@ class CallPlan:
         (acquiring, loading the snapshot), so it gets ``patience`` seconds (a lease TTL)
         before it is taken for frozen.
         """
+        if restarting and (lease is None or holder_host(lease.holder) == host):
+            log.warning("%s is being restarted by Ray while it holds %s's request; failing over", host, self.identity)
+            if lease is not None:
+                self.dead_hosts.append((host, lease.holder))  # freed before the next hop
+            self.directory.suspect(host)
+            self.needs_refresh = True
+            return False
         if lease is not None:
             owner = holder_host(lease.holder)
             if owner == host:
@@ -281,7 +293,8 @@ class CallPlan:
 
     def on_failure(self, host: str, error: BaseException) -> None:
         """Absorb a dead or unreachable host (try elsewhere); re-raise anything else."""
-        if isinstance(error, ActorDiedError) or (
+        # Unschedulable: the host was pinned to a node that is gone (see ``_placement``), so it is dead for good.
+        if isinstance(error, (ActorDiedError, ActorUnschedulableError)) or (
             isinstance(error, RayActorError) and not isinstance(error, ActorUnavailableError)
         ):
             log.warning("host %s is dead; re-routing %s", host, self.identity)
@@ -313,6 +326,40 @@ class Courier:
         """Seconds a host that never held the identity's lease gets to activate it before it is suspect."""
         self.routing_patience = routing_patience_for(lease_ttl)
         self._refreshed_at = time.monotonic()
+        self._restart_checks: dict[str, tuple[float, bool]] = {}
+
+    def _known_restarting(self, host: str, lease: LeaseView | None) -> bool | None:
+        """Whether Ray is restarting ``host``, if that need not (or was just) asked; ``None``: ask."""
+        if lease is not None and holder_host(lease.holder) != host:
+            return False  # the request is re-sent to the holder anyway
+        checked = self._restart_checks.get(host)
+        if checked is not None and time.monotonic() - checked[0] < self.probe_interval / 2:
+            return checked[1]  # one GCS read per host per probe round, however many requests wait on it
+        return None
+
+    def _restarting_sync(self, host: str, lease: LeaseView | None) -> bool:
+        known = self._known_restarting(host, lease)
+        if known is not None:
+            return known
+        try:
+            answer = actor_restarting(self.directory.handle(host))
+        except _HostGone:
+            answer = True
+        self._restart_checks[host] = (time.monotonic(), answer)
+        return answer
+
+    async def _restarting_async(self, host: str, lease: LeaseView | None) -> bool:
+        known = self._known_restarting(host, lease)
+        if known is not None:
+            return known
+        try:
+            handle = self.directory.handle(host)
+        except _HostGone:
+            answer = True
+        else:
+            answer = await asyncio.to_thread(actor_restarting, handle)  # a GCS read: off the event loop
+        self._restart_checks[host] = (time.monotonic(), answer)
+        return answer
 
     def _plan(self, identity: str) -> CallPlan:
         plan = CallPlan(self.directory, identity, patience=self.routing_patience)
@@ -392,7 +439,7 @@ class Courier:
                 self.refresh_sync()
                 holder_now = self.directory.holder_of(host)
             if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
-                             holder_now=holder_now):
+                             holder_now=holder_now, restarting=self._restarting_sync(host, lease)):
                 continue
             ready, _ = ray.wait([pending], timeout=0)
             if ready:  # answered while the ledger was asked: the reply stands
@@ -437,8 +484,9 @@ class Courier:
             if plan.lapsed_while_held(host, lease):
                 await self.refresh_async()
                 holder_now = self.directory.holder_of(host)
+            restarting = await self._restarting_async(host, lease)
             if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
-                             holder_now=holder_now):
+                             holder_now=holder_now, restarting=restarting):
                 continue
             if reply.done():
                 return reply.result()
@@ -446,6 +494,24 @@ class Courier:
             reply.add_done_callback(lambda future: future.cancelled() or future.exception())
             _cancel(pending)
             return _ABANDONED
+
+
+def actor_restarting(handle: ray.actor.ActorHandle) -> bool:
+    """Whether Ray is restarting the actor behind ``handle`` (or has given it up): its process is dead.
+
+    Ray has no public call for an actor's state without the dashboard's state API, so
+    this reads the GCS actor table through ``ray._private.state`` (what ``ray.util.state``
+    shows too). Any failure reading it answers ``False``: the request is then treated as
+    before, waiting for the lease to lapse, which is slower but as safe.
+    """
+    try:
+        import ray._private.state as state
+
+        info = state.actors(actor_id=handle._actor_id.hex())
+    except Exception as error:  # noqa: BLE001 - an internal API; absent or failing means "not known to restart"
+        log.debug("cannot read the actor table: %s", error)
+        return False
+    return isinstance(info, dict) and info.get("State") in ("RESTARTING", "DEAD")
 
 
 _ABANDONED: Any = object()

@@ -90,7 +90,9 @@ async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, post
     report["host_nodes_before"] = placed
 
     refs = fleet.spawn_many(rf.AgentSpec(identity=f"tally/{index}", agent=Tally) for index in range(AGENTS))
+    began = time.monotonic()
     first = await bounded([lambda ref=ref: ref.ask("add", key="before") for ref in refs], CONCURRENCY)
+    report["first_round_seconds"] = round(time.monotonic() - began, 2)  # activating all 300, no fault: the baseline
     report["first_answers_ok"] = sum(answer == 1 for answer in first)
     pg_refs = pg.spawn_many(rf.AgentSpec(identity=f"pg/{index}", agent=Tally) for index in range(PG_AGENTS))
     for ref in pg_refs:

@@ -50,9 +50,9 @@ def test_a_new_host_takes_the_lowest_free_name() -> None:
     assert free_host_name({"rayfleet-host-0", "rayfleet-host-2"}) == "rayfleet-host-1"
 
 
-def test_a_host_is_pinned_softly_so_ray_moves_it_when_its_node_dies() -> None:
+def test_a_host_is_pinned_to_its_node_and_dies_with_it() -> None:
     node_id = "ab" * 28  # the shape of a Ray node id (28 bytes, hex)
     strategy = host_scheduling(node_id)
     assert isinstance(strategy, NodeAffinitySchedulingStrategy)
-    assert (strategy.node_id, strategy.soft) == (node_id, True)
+    assert (strategy.node_id, strategy.soft) == (node_id, False)
     assert host_scheduling(None) == "DEFAULT"
