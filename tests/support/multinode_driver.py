@@ -69,21 +69,38 @@ def described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
+PHASES: dict[str, float] = {}
+CLOCK_ZERO = time.monotonic()
+
+
+def phase(name: str) -> None:
+    """Note when a phase ended (seconds since the start), for the report."""
+    PHASES[name] = round(time.monotonic() - CLOCK_ZERO, 1)
+
+
 async def main(storage: str, postgres: str) -> dict[str, Any]:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    workers = [cluster.add_node(num_cpus=1, wait=False) for _ in range(2)]  # started side by side
     cluster.wait_for_nodes()
+    phase("cluster")
     try:
-        return await scenario(cluster, [worker.node_id for worker in workers], storage, postgres)
+        report = await scenario(cluster, [worker.node_id for worker in workers], storage, postgres)
     finally:
         ray.shutdown()
         cluster.shutdown()
+    phase("teardown")
+    report["phases"] = PHASES
+    return report
 
 
 async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, postgres: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    fleet = rf.connect(cluster.address, f"{storage}/mn", namespace="mn")
-    pg = rf.connect(cluster.address, f"{storage}/pg", namespace="mn-pg", ledger=postgres)
+    ray.init(address=cluster.address, namespace="mn", log_to_driver=True)
+    fleet, pg = await asyncio.gather(  # both fleets' hosts start side by side
+        asyncio.to_thread(rf.connect, cluster.address, f"{storage}/mn", namespace="mn"),
+        asyncio.to_thread(rf.connect, cluster.address, f"{storage}/pg", namespace="mn-pg", ledger=postgres),
+    )
+    phase("connect")
     nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
     report["nodes"] = nodes
     placed = {"mn": fleet.host_nodes(), "mn-pg": pg.host_nodes()}
@@ -124,6 +141,7 @@ async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, post
                 continue
             acknowledged[ref.identity].append(key)
 
+    phase("first round")
     writers = [asyncio.get_running_loop().create_task(writer(number)) for number in range(PG_WRITERS)]
     await asyncio.sleep(1.0)  # increments in flight on every pg host when the node goes
 
@@ -160,6 +178,7 @@ async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, post
     report["pg_lost"] = lost
     report["pg_repeated"] = repeated
 
+    phase("removal")
     joined_at = time.monotonic()
     joined = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -180,6 +199,7 @@ async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, post
             CONCURRENCY,
         )
     )
+    phase("join")
     fleet.shutdown(stop_actors=True)
     pg.shutdown(stop_actors=True)
     return report
