@@ -102,7 +102,8 @@ class FleetConfig:
     namespace: str = DEFAULT_NAMESPACE
     """Ray namespace of the fleet's actors; fleets in different namespaces are independent."""
     hosts: int | None = None
-    """Number of host actors; ``None`` means one per CPU of the cluster (at least 1)."""
+    """Number of host actors; ``None`` means one per CPU of the cluster (at least 1). Either way
+    every eligible node gets at least one (see ``_placement``), at connect and when it joins."""
     lease_ttl: float = 10.0
     """Seconds a lease lasts; hosts renew every TTL/3."""
     idle_timeout: float = 300.0
