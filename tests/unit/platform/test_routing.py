@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from ray.exceptions import ActorUnavailableError
+from ray.exceptions import ActorUnavailableError, ActorUnschedulableError
 
 import rayfleet as rf
 from rayfleet.ledger._values import LeaseView
@@ -119,3 +119,24 @@ def test_an_owner_that_ray_restarted_is_waited_for_like_a_host_activating() -> N
     assert plan.on_probe("h0", None, waited=11.0, patience=10.0)  # 9 s since it was seen restarted
     assert plan.on_probe("h0", lease("h0@2"), waited=11.5, patience=10.0)  # activated: waited for
     assert not plan.on_probe("h0", None, waited=12.5, patience=10.0, holder_now="h0@2")  # then lapsed: frozen
+
+
+def test_a_host_whose_node_is_gone_is_dead_and_reported_with_its_holder() -> None:
+    # Hosts are pinned to their node; Ray answers "unschedulable" once that node is gone.
+    hosts = directory("h0", "h1")
+    plan = CallPlan(hosts, "a/1")
+    plan.on_failure("h0", ActorUnschedulableError("the node specified via NodeAffinitySchedulingStrategy is gone"))
+    assert plan.dead_hosts == [("h0", "h0@1")]  # removed from the ledger, which frees its leases
+    assert plan.needs_refresh and hosts.candidates() == ["h1"]
+
+
+def test_a_host_ray_is_restarting_is_failed_over_and_its_lease_freed() -> None:
+    hosts = directory("h0", "h1")
+    plan = CallPlan(hosts, "a/1")
+    assert not plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0, restarting=True)
+    assert plan.dead_hosts == [("h0", "h0@1")]
+    assert plan.needs_refresh and hosts.pick("a/1") == "h1"
+    # Restarting, but the lease is another host's: simply re-sent there.
+    other = CallPlan(directory("h0", "h1"), "a/2")
+    assert not other.on_probe("h0", lease("h1@1"), waited=1.0, patience=10.0, restarting=True)
+    assert other.dead_hosts == [] and other.directory.pick("a/2") == "h1"
