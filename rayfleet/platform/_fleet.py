@@ -48,9 +48,17 @@ from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
-from ._host_actor import AgentHost
+from ._host_actor import NODE_ANSWER_TIMEOUT, launch_host
 from ._ledger_actor import RayLedgerClient
 from ._ledger_client import start_ledger
+from ._placement import (
+    HOST_NAME_PREFIX,
+    assign_nodes,
+    free_host_name,
+    host_actor_names,
+    live_nodes,
+    nodes_without_hosts,
+)
 from ._ref import AgentRef, send
 from ._routing import Courier, HostDirectory, HostRequest, _HostGone
 from ._runner import (
@@ -69,7 +77,6 @@ log = logging.getLogger("rayfleet.fleet")
 
 DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
-HOST_NAME_PREFIX = "rayfleet-host-"
 SPAWN_BATCH = 5_000
 REPLAY_LETTER_SCAN = 1_000_000
 """Dead letters of one identity read to find a replay's new letter (replays are rare, operator-driven)."""
@@ -96,7 +103,8 @@ class FleetConfig:
     namespace: str = DEFAULT_NAMESPACE
     """Ray namespace of the fleet's actors; fleets in different namespaces are independent."""
     hosts: int | None = None
-    """Number of host actors; ``None`` means one per CPU of the cluster (at least 1)."""
+    """Number of host actors; ``None`` means one per CPU of the cluster (at least 1). Either way
+    every eligible node gets at least one (see ``_placement``), at connect and when it joins."""
     lease_ttl: float = 10.0
     """Seconds a lease lasts; hosts renew every TTL/3."""
     idle_timeout: float = 300.0
@@ -226,29 +234,71 @@ class Fleet:
     # -- hosts ----------------------------------------------------------------------
 
     def _ensure_hosts(self) -> None:
-        # get_if_exists makes this idempotent: live hosts are reused, missing ones created
-        # (the ledger may list hosts of an earlier Ray session that are gone).
+        """Start the hosts ``rayfleet-host-0..N-1`` that do not exist, then one on every node with none.
+
+        Existing host actors are reused where they run (the ledger may also list hosts of
+        an earlier Ray session that are gone: they are started again). New ones go to the
+        least-used eligible node (see ``_placement``).
+        """
         wanted = self.config.hosts or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        handles = [self._start_host(f"{HOST_NAME_PREFIX}{index}") for index in range(wanted)]
+        names = [f"{HOST_NAME_PREFIX}{index}" for index in range(wanted)]
+        existing = set(host_actor_names(self.config.namespace))
+        nodes = live_nodes()
+        placed = self._host_nodes(sorted(existing))
+        placement = assign_nodes([name for name in names if name not in existing], nodes, placed)
+        placed.update(placement)
+        taken = existing | set(names)
+        for node in nodes_without_hosts(nodes, placed):
+            name = free_host_name(taken)
+            taken.add(name)
+            names.append(name)
+            placement[name] = node
+        handles = [self._start_host(name, placement.get(name)) for name in names]
         ray.get([handle.start.remote() for handle in handles])
         self._courier.refresh_sync()
 
-    def _start_host(self, name: str) -> ray.actor.ActorHandle:
-        handle: ray.actor.ActorHandle = AgentHost.options(  # type: ignore[attr-defined]
-            name=name, namespace=self.config.namespace, lifetime="detached", get_if_exists=True,
-            scheduling_strategy="SPREAD",
-        ).remote(name, self.config.namespace, self.storage, self.config.lease_ttl, self.config.idle_timeout,
-                 self.ledger_location.url)
-        return handle
+    def _start_host(self, name: str, node: str | None) -> ray.actor.ActorHandle:
+        return launch_host(name, namespace=self.config.namespace, storage=self.storage,
+                           lease_ttl=self.config.lease_ttl, idle_timeout=self.config.idle_timeout,
+                           ledger=self.ledger_location.url, node=node)
 
-    def add_host(self) -> str:
-        """Start one more host actor and return its name."""
-        names = {host.name for host in self._ledger.hosts().result()}
-        index = next(i for i in range(len(names) + 1) if f"{HOST_NAME_PREFIX}{i}" not in names)
-        name = f"{HOST_NAME_PREFIX}{index}"
-        ray.get(self._start_host(name).start.remote())
+    def _host_nodes(self, names: list[str]) -> dict[str, str | None]:
+        """The node each named host actor runs on; ``None`` for one that does not answer in time."""
+        asked: dict[str, ray.ObjectRef[str]] = {}
+        for name in names:
+            with contextlib.suppress(ValueError):  # gone since it was listed
+                asked[name] = ray.get_actor(name, namespace=self.config.namespace).node_id.remote()
+        nodes: dict[str, str | None] = dict.fromkeys(names)
+        if not asked:
+            return nodes
+        ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=NODE_ANSWER_TIMEOUT)
+        answered = set(ready)
+        for name, ref in asked.items():
+            if ref in answered:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    nodes[name] = ray.get(ref)
+        return nodes
+
+    def add_host(self, *, node: str | None = None) -> str:
+        """Start the host with the lowest name the ledger does not list, and return that name.
+
+        A new host runs on ``node`` (a Ray node id, e.g. from ``ray.nodes()``) when given,
+        else on the eligible node with the fewest of this fleet's hosts; either way Ray
+        moves it to another node if that one dies. A host actor of that name that exists
+        but is not registered (Ray restarted it and it has not started yet) is started
+        where it runs instead.
+        """
+        name = free_host_name({host.name for host in self._ledger.hosts().result()})
+        if node is None:
+            placed = self._host_nodes(host_actor_names(self.config.namespace))
+            node = assign_nodes([name], live_nodes(), placed).get(name)
+        ray.get(self._start_host(name, node).start.remote())
         self._courier.refresh_sync()
         return name
+
+    def host_nodes(self) -> dict[str, str | None]:
+        """The Ray node id each of this fleet's host actors runs on (``None``: it did not answer in time)."""
+        return self._host_nodes(host_actor_names(self.config.namespace))
 
     def hosts(self) -> list[HostInfo]:
         """The registered hosts (name, lease holder id, start time, draining)."""
@@ -720,6 +770,12 @@ class Fleet:
                 log.warning("host shutdown: %s", error)
             for handle in handles:
                 ray.kill(handle)
+            # Host actors the ledger no longer lists (restarted and not started yet, or started
+            # by the node watch moments ago) are the fleet's too.
+            with contextlib.suppress(Exception):
+                for name in host_actor_names(self.config.namespace):
+                    with contextlib.suppress(ValueError):
+                        ray.kill(ray.get_actor(name, namespace=self.config.namespace))
             self._runner.stop()
             if isinstance(self._ledger, RayLedgerClient):
                 ray.kill(self._ledger.actor)

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -46,6 +47,14 @@ from ..ledger._location import LedgerLocation
 from ..retry import RetryPolicy
 from ._ledger_client import connect_ledger
 from ._metrics import HOST_EXPORT_INTERVAL, RayHostMetrics
+from ._placement import (
+    NODE_WATCH_INTERVAL,
+    free_host_name,
+    host_actor_names,
+    host_scheduling,
+    live_nodes,
+    nodes_without_hosts,
+)
 from ._routing import (
     ERROR,
     OK,
@@ -65,6 +74,12 @@ TELL_SWEEP_BATCH = 100
 """Held tells one sweep claims; a sweep runs every third of the redelivery age (the lease TTL)."""
 START_RETRY = RetryPolicy(max_attempts=1, base_delay=0.1, max_delay=2.0, jitter=0.0)
 """After a failed start, the wait before a request may try again (doubling per failure, capped)."""
+RESTART_START_PATIENCE = 300.0
+"""Seconds a host that Ray restarted keeps trying to start by itself (later, its next request starts it)."""
+NODE_ANSWER_TIMEOUT = 5.0
+"""Seconds the watching host waits for another host to say which node it runs on."""
+UNSURE_PASSES = 3
+"""Node watches in a row that may be skipped because some host did not say where it runs."""
 
 
 PEER_SEND_TIMEOUT = 300.0
@@ -179,6 +194,20 @@ class AgentHost:
         self._node_watch: asyncio.Task[None] | None = None
         self._metrics = RayHostMetrics(name)
         self._metrics_export: asyncio.Task[None] | None = None
+        self._node_keeper: asyncio.Task[None] | None = None
+        self._unsure_passes = 0
+        self._stopping = False
+        context = ray.get_runtime_context()
+        self._node = context.get_node_id()
+        with warnings.catch_warnings():
+            # Ray's own property reads a deprecated one inside (actor_id); nothing to change on our side.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = context.was_current_actor_reconstructed
+        if restarted:
+            # Ray restarted this host (its process or node died). Starting now, not on the first
+            # request, re-registers it at once, which frees the earlier incarnation's leases:
+            # its identities are served again without waiting a lease TTL.
+            context.current_actor.start_after_restart.remote()
 
     async def start(self) -> str:
         """Connect to the ledger, start the runtime and register; returns the lease holder id.
@@ -243,8 +272,26 @@ class AgentHost:
         self._node_watch = loop.create_task(self._watch_node_drain())
         self._tell_sweeper = loop.create_task(self._sweep_tells(), name=f"{self.name}-tells")
         self._metrics_export = loop.create_task(self._export_metrics(), name=f"{self.name}-metrics")
+        self._node_keeper = loop.create_task(self._keep_nodes_covered(), name=f"{self.name}-nodes")
         self._start_failure = None
         self._start_failures = 0
+
+    async def start_after_restart(self) -> None:
+        """Start a host Ray restarted; retried for :data:`RESTART_START_PATIENCE` s (e.g. while the ledger restarts)."""
+        deadline = time.monotonic() + RESTART_START_PATIENCE
+        while not self._running and not self._stopping:
+            try:
+                await self.start()
+                log.warning("%s was restarted by Ray on node %s and registered again", self.name, self._node)
+                return
+            except Exception:  # noqa: BLE001 - start() logged why; wait and try again
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(max(self._retry_start_at - time.monotonic(), 0.1))
+
+    def node_id(self) -> str:
+        """The Ray node this host runs on (answered without starting the host)."""
+        return self._node
 
     async def _export_metrics(self) -> None:
         """Hand the host's metric tallies to Ray once per :data:`HOST_EXPORT_INTERVAL`, for the host's lifetime."""
@@ -440,13 +487,84 @@ class AgentHost:
 
     async def _watch_node_drain(self) -> None:
         """Drain when the GCS starts draining this host's node (``ray drain-node``, autoscaler, KubeRay)."""
-        node_id = ray.get_runtime_context().get_node_id()
+        node_id = self._node
         while not self.runtime.draining:
             await asyncio.sleep(NODE_DRAIN_POLL)
             timeout = await asyncio.to_thread(node_drain_timeout, node_id, DRAIN_ON_EXIT_TIMEOUT)
             if timeout is not None and not self.runtime.draining:
                 log.warning("node %s of %s is being drained; draining within %.0f s", node_id, self.name, timeout)
                 await self.drain(timeout)
+
+    async def _keep_nodes_covered(self) -> None:
+        """Keep the host list true to Ray, and a host on every eligible node (one that joined, or lost its hosts).
+
+        Only the leader acts: the lowest-named host that is registered and not draining, as
+        the ledger lists them, so one host watches however many there are; when it dies, the
+        next one takes over at its next look. A look every :data:`NODE_WATCH_INTERVAL` seconds.
+        Registered hosts whose actors Ray no longer has (they died with their node) leave the
+        host list, which frees their leases, even when no request has run into them yet.
+        """
+        while not self._stopping:
+            await asyncio.sleep(NODE_WATCH_INTERVAL)
+            try:
+                started = await self.cover_nodes()
+            except Exception as error:  # noqa: BLE001 - the next look tries again
+                log.warning("%s could not look for nodes without a host: %s", self.name, error)
+                continue
+            for name, node in started.items():
+                log.warning("%s started %s on node %s, which had no host of this fleet", self.name, name, node)
+
+    async def cover_nodes(self) -> dict[str, str]:
+        """One look of :meth:`_keep_nodes_covered`; returns the hosts started, with their nodes."""
+        await self.start()
+        await self.courier.refresh_async()
+        directory = self.courier.directory
+        serving = [info for info in directory.hosts() if not info.draining]
+        if self._stopping or self.runtime.draining or not serving or serving[0].name != self.name \
+                or serving[0].holder != self.runtime.holder:
+            return {}
+        nodes = await asyncio.to_thread(live_nodes)
+        # Read after the host list: a host registered in it existed before this listing.
+        actors = await asyncio.to_thread(host_actor_names, self.namespace)
+        for info in directory.hosts():
+            if info.name not in actors:
+                log.warning("%s forgets %s: Ray has no such actor any more", self.name, info.name)
+                await self.courier.ledger.remove_host(name=info.name, holder=info.holder)
+        names = set(actors) | set(directory.names)
+        placed = await self._host_nodes(actors)
+        if any(node is None for node in placed.values()) and self._unsure_passes < UNSURE_PASSES:
+            # A host that does not say where it runs may be restarting onto one of these nodes.
+            self._unsure_passes += 1
+            return {}
+        self._unsure_passes = 0
+        started: dict[str, str] = {}
+        for node in nodes_without_hosts(nodes, placed):
+            if self._stopping:
+                break
+            name = free_host_name(names)
+            names.add(name)
+            handle = launch_host(name, namespace=self.namespace, storage=self._storage, lease_ttl=self._lease_ttl,
+                                 idle_timeout=self._idle_timeout, ledger=self._ledger_location.url, node=node)
+            await handle.start.remote()
+            started[name] = node
+        if started:
+            await self.courier.refresh_async()
+        return started
+
+    async def _host_nodes(self, names: list[str]) -> dict[str, str | None]:
+        """The node each named host runs on; ``None`` for one that does not answer in time."""
+
+        async def node_of(name: str) -> str | None:
+            if name == self.name:
+                return self._node
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+                answer: str = await asyncio.wait_for(handle.node_id.remote(), NODE_ANSWER_TIMEOUT)
+                return answer
+            except Exception:  # noqa: BLE001 - gone, restarting or frozen: where it runs is unknown
+                return None
+
+        return dict(zip(names, await asyncio.gather(*(node_of(name) for name in names)), strict=True))
 
     async def undrain(self) -> None:
         await self.start()
@@ -455,6 +573,9 @@ class AgentHost:
 
     async def shutdown(self) -> int:
         """Checkpoint and release every agent, then leave the ledger's host list."""
+        self._stopping = True
+        if self._node_keeper is not None:
+            self._node_keeper.cancel()
         await self.start()
         count = len(self.runtime.active_identities())
         await self.runtime.shutdown(checkpoint=True)
@@ -505,3 +626,19 @@ class AgentHost:
             if last < cutoff:
                 del self._subscriptions[subscriber]
                 self.runtime.unsubscribe(identity, subscription)
+
+
+def launch_host(
+    name: str, *, namespace: str, storage: str, lease_ttl: float, idle_timeout: float, ledger: str,
+    node: str | None,
+) -> ray.actor.ActorHandle:
+    """The host actor ``name``, created pinned to ``node`` (see ``_placement``) if it does not exist yet.
+
+    An existing actor of that name is returned as it is, wherever it runs. The host is
+    not started: call ``start`` on it.
+    """
+    handle: ray.actor.ActorHandle = AgentHost.options(  # type: ignore[attr-defined]
+        name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=host_scheduling(node),
+    ).remote(name, namespace, storage, lease_ttl, idle_timeout, ledger)
+    return handle

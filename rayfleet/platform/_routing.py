@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError
 
 from ..errors import FleetUnavailableError, InvalidArgumentsError
 from ..host._messages import Envelope
@@ -38,6 +38,7 @@ from ..retry import RetryPolicy
 log = logging.getLogger("rayfleet.routing")
 
 MAX_HOPS = 8
+"""Hops a request always gets; past them it gives up once it has also been routed for the patience below."""
 OWNER_PROBE_INTERVAL = 1.0
 """Seconds a request waits for its reply before the ledger is asked whether its host still owns the identity."""
 
@@ -45,6 +46,18 @@ OWNER_PROBE_INTERVAL = 1.0
 def probe_interval_for(lease_ttl: float) -> float:
     """The probe interval for a fleet whose leases last ``lease_ttl``: a lapse is seen within TTL + this."""
     return min(OWNER_PROBE_INTERVAL, lease_ttl / 4)
+
+
+def routing_patience_for(lease_ttl: float) -> float:
+    """Seconds a request keeps being routed, past :data:`MAX_HOPS`, before it gives up.
+
+    An owner that cannot be reached (its node died, Ray is restarting it) keeps its
+    identities' leases until they lapse, within one TTL, unless Ray reports it dead or
+    its restarted incarnation registers first; only then can another host take them.
+    Giving up after a fixed number of quick hops would fail requests that a few more
+    seconds would have served, so the budget is two TTLs: the lapse, and the hand-over.
+    """
+    return 2.0 * lease_ttl
 
 
 DIRECTORY_MAX_AGE = 10.0
@@ -94,7 +107,7 @@ class HostDirectory:
         # was not answered yet. Kept across requests because a caller's retry is a new
         # request: without it, a retry that arrives after the lapse takes a frozen owner
         # for one still activating. Only slow requests add entries; a reply removes them.
-        self._sightings: dict[str, tuple[str, float]] = {}
+        self._sightings: dict[str, tuple[str, str, float]] = {}
 
     def update(self, hosts: Iterable[HostInfo]) -> None:
         """Replace the host list with the ledger's view."""
@@ -104,6 +117,10 @@ class HostDirectory:
     @property
     def names(self) -> list[str]:
         return sorted(self._hosts)
+
+    def hosts(self) -> list[HostInfo]:
+        """The registered hosts as last read from the ledger, by name."""
+        return [self._hosts[name] for name in sorted(self._hosts)]
 
     def candidates(self) -> list[str]:
         live = [name for name, host in self._hosts.items() if not host.draining and name not in self.dead]
@@ -117,17 +134,23 @@ class HostDirectory:
         self._suspect_until[name] = time.monotonic() + SUSPECT_FOR
         self._forget_host(name)
 
-    def saw_holding(self, identity: str, host: str) -> None:
-        """A probe found ``host`` holding the live lease of ``identity``."""
+    def saw_holding(self, identity: str, host: str, holder: str) -> None:
+        """A probe found ``host`` (lease holder id ``holder``) holding the live lease of ``identity``."""
         now = time.monotonic()
         if len(self._sightings) >= HOLDER_SIGHTINGS_CAP:
-            self._sightings = {i: s for i, s in self._sightings.items() if now - s[1] < HOLDER_MEMORY}
-        self._sightings[identity] = (host, now)
+            self._sightings = {i: s for i, s in self._sightings.items() if now - s[2] < HOLDER_MEMORY}
+        self._sightings[identity] = (host, holder, now)
 
-    def held_recently(self, identity: str, host: str) -> bool:
-        """Whether ``host`` was seen holding the lease of ``identity`` by a probe of an unanswered request."""
+    def held_recently(self, identity: str, host: str) -> str | None:
+        """The holder id ``host`` was seen holding the lease of ``identity`` with, by a probe of an
+        unanswered request in the last :data:`HOLDER_MEMORY` seconds; ``None`` if it was not."""
         sighting = self._sightings.get(identity)
-        return sighting is not None and sighting[0] == host and time.monotonic() - sighting[1] < HOLDER_MEMORY
+        if sighting is None or sighting[0] != host or time.monotonic() - sighting[2] >= HOLDER_MEMORY:
+            return None
+        return sighting[1]
+
+    def forget_sighting(self, identity: str) -> None:
+        self._sightings.pop(identity, None)
 
     def pick(self, identity: str) -> str:
         route = self._routes.get(identity)
@@ -165,7 +188,7 @@ class HostDirectory:
     def _forget_host(self, name: str) -> None:
         for identity in [i for i, host in self._routes.items() if host == name]:
             del self._routes[identity]
-        for identity in [i for i, (host, _) in self._sightings.items() if host == name]:
+        for identity in [i for i, (host, _, _) in self._sightings.items() if host == name]:
             del self._sightings[identity]
 
     def holder_of(self, name: str) -> str | None:
@@ -185,19 +208,29 @@ class CallPlan:
     ``report_dead`` so the ledger frees the dead host's leases at once.
     """
 
-    def __init__(self, directory: HostDirectory, identity: str) -> None:
+    def __init__(
+        self, directory: HostDirectory, identity: str, *, patience: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.directory = directory
         self.identity = identity
+        self.patience = patience
+        """Seconds of routing after which a request past :data:`MAX_HOPS` gives up (:func:`routing_patience_for`)."""
+        self._clock = clock
+        self._started = clock()
         self.hops = 0
         self.needs_refresh = False
         self.dead_hosts: list[tuple[str, str | None]] = []
+        self._regrace: dict[str, float] = {}
+        """When (seconds into the wait) a host was found restarted: its patience counts from then."""
 
     def target(self) -> tuple[str, ray.actor.ActorHandle]:
         while True:
             self.hops += 1
-            if self.hops > MAX_HOPS:
+            elapsed = self._clock() - self._started
+            if self.hops > MAX_HOPS and elapsed >= self.patience:
                 raise FleetUnavailableError(
-                    detail=f"gave up routing {self.identity!r} after {MAX_HOPS} hops "
+                    detail=f"gave up routing {self.identity!r} after {self.hops - 1} hops in {elapsed:.1f} s "
                     f"(hosts: {', '.join(self.directory.names) or 'none'})"
                 )
             name = self.directory.pick(self.identity)
@@ -229,27 +262,57 @@ class CallPlan:
         self.needs_refresh = True
         return False, None
 
-    def on_probe(self, host: str, lease: LeaseView | None, *, waited: float, patience: float) -> bool:
+    def lapsed_while_held(self, host: str, lease: LeaseView | None) -> bool:
+        """Whether ``host`` held the lease earlier in this wait and holds none now (ask who ``host`` is now)."""
+        return lease is None and self.directory.held_recently(self.identity, host) is not None
+
+    def on_probe(
+        self, host: str, lease: LeaseView | None, *, waited: float, patience: float, holder_now: str | None = None,
+        restarting: bool = False,
+    ) -> bool:
         """Decide about a request ``host`` has not answered for ``waited`` seconds.
 
         Returns ``True`` to keep waiting, ``False`` to abandon the request and send it
-        again. ``host`` holding a live lease is alive and renewing: wait. Another holder:
+        again. ``restarting`` (Ray is restarting ``host``: the process the request went to
+        is dead, as when its node was removed): fail over at once, and have the dead
+        incarnation's leases freed (if it holds this one) so that a live host takes the
+        identity now rather than when the host is back or the lease lapses.
+        ``host`` holding a live lease is alive and renewing: wait. Another holder:
         re-send to it. No live lease: if a probe saw ``host`` hold it while this request, or
         an earlier unanswered one for the identity (a caller's timed-out attempt), waited,
-        it let it lapse (frozen, or cut off from the ledger): fail over at once. If it never
-        held it, it may still be activating under load (acquiring, loading the snapshot), so
-        it gets ``patience`` seconds (a lease TTL) before it is taken for frozen.
+        it let it lapse (frozen, or cut off from the ledger): fail over at once; unless
+        ``holder_now`` (the host's lease holder id in the ledger's host list, read after
+        :meth:`lapsed_while_held`) shows a new incarnation: Ray restarted the host (its
+        node died), the new one freed the old one's leases when it registered, and Ray
+        hands it the waiting request, so it is waited for like any host activating the
+        identity. A host that never held the lease may still be activating under load
+        (acquiring, loading the snapshot), so it gets ``patience`` seconds (a lease TTL)
+        before it is taken for frozen.
         """
+        if restarting and (lease is None or holder_host(lease.holder) == host):
+            log.warning("%s is being restarted by Ray while it holds %s's request; failing over", host, self.identity)
+            if lease is not None:
+                self.dead_hosts.append((host, lease.holder))  # freed before the next hop
+            self.directory.suspect(host)
+            self.needs_refresh = True
+            return False
         if lease is not None:
             owner = holder_host(lease.holder)
             if owner == host:
-                self.directory.saw_holding(self.identity, host)
+                self.directory.saw_holding(self.identity, host, lease.holder)
                 return True
             log.warning("%s moved from %s to %s while a request waited; re-sending", self.identity, host, owner)
             self.directory.remember(self.identity, owner)
             self.needs_refresh = owner not in self.directory.names
             return False
-        if waited < patience and not self.directory.held_recently(self.identity, host):
+        held = self.directory.held_recently(self.identity, host)
+        if held is not None and holder_now is not None and holder_now != held:
+            log.warning("%s restarted (now %s) while it held %s's request; waiting for it", host, holder_now,
+                        self.identity)
+            self.directory.forget_sighting(self.identity)
+            self._regrace[host] = waited
+            return True
+        if held is None and waited - self._regrace.get(host, 0.0) < patience:
             return True
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)
@@ -261,7 +324,8 @@ class CallPlan:
 
     def on_failure(self, host: str, error: BaseException) -> None:
         """Absorb a dead or unreachable host (try elsewhere); re-raise anything else."""
-        if isinstance(error, ActorDiedError) or (
+        # Unschedulable: the host was pinned to a node that is gone (see ``_placement``), so it is dead for good.
+        if isinstance(error, (ActorDiedError, ActorUnschedulableError)) or (
             isinstance(error, RayActorError) and not isinstance(error, ActorUnavailableError)
         ):
             log.warning("host %s is dead; re-routing %s", host, self.identity)
@@ -291,10 +355,45 @@ class Courier:
         self.probe_interval = probe_interval_for(lease_ttl)
         self.patience = lease_ttl
         """Seconds a host that never held the identity's lease gets to activate it before it is suspect."""
+        self.routing_patience = routing_patience_for(lease_ttl)
         self._refreshed_at = time.monotonic()
+        self._restart_checks: dict[str, tuple[float, bool]] = {}
+
+    def _known_restarting(self, host: str, lease: LeaseView | None) -> bool | None:
+        """Whether Ray is restarting ``host``, if that need not (or was just) asked; ``None``: ask."""
+        if lease is not None and holder_host(lease.holder) != host:
+            return False  # the request is re-sent to the holder anyway
+        checked = self._restart_checks.get(host)
+        if checked is not None and time.monotonic() - checked[0] < self.probe_interval / 2:
+            return checked[1]  # one GCS read per host per probe round, however many requests wait on it
+        return None
+
+    def _restarting_sync(self, host: str, lease: LeaseView | None) -> bool:
+        known = self._known_restarting(host, lease)
+        if known is not None:
+            return known
+        try:
+            answer = actor_restarting(self.directory.handle(host))
+        except _HostGone:
+            answer = True
+        self._restart_checks[host] = (time.monotonic(), answer)
+        return answer
+
+    async def _restarting_async(self, host: str, lease: LeaseView | None) -> bool:
+        known = self._known_restarting(host, lease)
+        if known is not None:
+            return known
+        try:
+            handle = self.directory.handle(host)
+        except _HostGone:
+            answer = True
+        else:
+            answer = await asyncio.to_thread(actor_restarting, handle)  # a GCS read: off the event loop
+        self._restart_checks[host] = (time.monotonic(), answer)
+        return answer
 
     def _plan(self, identity: str) -> CallPlan:
-        plan = CallPlan(self.directory, identity)
+        plan = CallPlan(self.directory, identity, patience=self.routing_patience)
         # Other drivers add, drain and undrain hosts; a directory older than this re-reads the
         # host list first, so placement never keeps passing over a host that is back.
         plan.needs_refresh = time.monotonic() - self._refreshed_at > DIRECTORY_MAX_AGE
@@ -366,7 +465,12 @@ class Courier:
                 # retry under the same idempotency key then gets its reply).
                 raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
             lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
-            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
+            holder_now = None
+            if plan.lapsed_while_held(host, lease):
+                self.refresh_sync()
+                holder_now = self.directory.holder_of(host)
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
+                             holder_now=holder_now, restarting=self._restarting_sync(host, lease)):
                 continue
             ready, _ = ray.wait([pending], timeout=0)
             if ready:  # answered while the ledger was asked: the reply stands
@@ -407,7 +511,13 @@ class Courier:
             if done:
                 return reply.result()
             lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
-            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience):
+            holder_now = None
+            if plan.lapsed_while_held(host, lease):
+                await self.refresh_async()
+                holder_now = self.directory.holder_of(host)
+            restarting = await self._restarting_async(host, lease)
+            if plan.on_probe(host, lease, waited=time.monotonic() - sent, patience=self.patience,
+                             holder_now=holder_now, restarting=restarting):
                 continue
             if reply.done():
                 return reply.result()
@@ -415,6 +525,24 @@ class Courier:
             reply.add_done_callback(lambda future: future.cancelled() or future.exception())
             _cancel(pending)
             return _ABANDONED
+
+
+def actor_restarting(handle: ray.actor.ActorHandle) -> bool:
+    """Whether Ray is restarting the actor behind ``handle`` (or has given it up): its process is dead.
+
+    Ray has no public call for an actor's state without the dashboard's state API, so
+    this reads the GCS actor table through ``ray._private.state`` (what ``ray.util.state``
+    shows too). Any failure reading it answers ``False``: the request is then treated as
+    before, waiting for the lease to lapse, which is slower but as safe.
+    """
+    try:
+        import ray._private.state as state
+
+        info = state.actors(actor_id=handle._actor_id.hex())
+    except Exception as error:  # noqa: BLE001 - an internal API; absent or failing means "not known to restart"
+        log.debug("cannot read the actor table: %s", error)
+        return False
+    return isinstance(info, dict) and info.get("State") in ("RESTARTING", "DEAD")
 
 
 _ABANDONED: Any = object()

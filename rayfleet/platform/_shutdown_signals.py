@@ -70,16 +70,24 @@ def node_drain_timeout(node_id: str, default: float) -> float | None:
     ``default`` is used when the drain has no deadline. Errors reading the GCS count
     as "not draining": the next poll tries again.
     """
+    deadline_ms = draining_nodes().get(node_id)
+    if deadline_ms is None:
+        return None
+    if deadline_ms == 0:
+        return default
+    return max(deadline_ms / 1000.0 - time.time() - NODE_DRAIN_MARGIN, 1.0)
+
+
+def draining_nodes() -> dict[str, int]:
+    """The nodes the GCS is draining, each with its deadline (ms since the epoch, 0 for none).
+
+    Errors reading the GCS give an empty answer: the next look tries again.
+    """
     try:
         import ray._private.state as state
 
         draining: dict[str, int] = state.state.get_draining_nodes()
     except Exception as error:  # noqa: BLE001 - an internal API; absent or failing means no early warning
         log.debug("cannot read draining nodes: %s", error)
-        return None
-    deadline_ms = draining.get(node_id)
-    if deadline_ms is None:
-        return None
-    if deadline_ms == 0:
-        return default
-    return max(deadline_ms / 1000.0 - time.time() - NODE_DRAIN_MARGIN, 1.0)
+        return {}
+    return draining

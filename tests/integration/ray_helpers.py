@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
+from pathlib import Path
 
 import ray
 
@@ -21,3 +25,25 @@ def kill_actor(name: str, namespace: str) -> None:
             return
         time.sleep(0.025)
     raise AssertionError(f"actor {name} did not die within 10 s")
+
+
+def kill_processes_under(temp_dir: Path) -> None:
+    """Stop every process whose command line names ``temp_dir``: the Ray processes a test started there.
+
+    ``ray stop`` would stop every Ray on the machine, other people's included.
+    """
+    mine = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(temp_dir) in command:
+            mine.append(int(entry.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(1.0)

@@ -7,20 +7,18 @@ subprocess. It tears the cluster down by killing only the processes it started.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from ray_helpers import kill_processes_under
 
 DRIVER = textwrap.dedent('''
     import json, subprocess, sys, time
@@ -113,7 +111,7 @@ def test_hosts_on_a_node_ray_drains_move_their_agents_off_it(tmp_path: Path) -> 
         assert run.returncode == 0, run.stderr[-3000:]
         result = json.loads(run.stdout.strip().splitlines()[-1])
     finally:
-        _kill_cluster(temp_dir)
+        kill_processes_under(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
     # R6: the SQLite ledger's actor is pinned to the head node, where its file is, never spread.
@@ -124,22 +122,3 @@ def test_hosts_on_a_node_ray_drains_move_their_agents_off_it(tmp_path: Path) -> 
     assert sorted(result["released"]) == sorted(result["moving"])  # released at once (the TTL is 120 s)
     assert sorted(result["checkpointed"]) == sorted(result["moving"])  # ON_DEACTIVATE State saved by the drain
     assert result["values"] == [2] * 16
-
-
-def _kill_cluster(temp_dir: Path) -> None:
-    """Stop the processes of this test's cluster only (``ray stop`` would stop every Ray on the machine)."""
-    mine = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(temp_dir) in command:
-            mine.append(int(entry.name))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in mine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        time.sleep(1.0)

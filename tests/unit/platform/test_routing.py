@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+from ray.exceptions import ActorUnavailableError, ActorUnschedulableError
+
+import rayfleet as rf
 from rayfleet.ledger._values import LeaseView
 from rayfleet.platform._routing import (
+    MAX_HOPS,
     REDIRECT,
     CallPlan,
     HostDirectory,
     rendezvous_pick,
+    routing_patience_for,
 )
 
 
@@ -76,3 +82,86 @@ def test_a_host_that_never_held_the_lease_gets_its_patience() -> None:
     seen.on_probe("h1", LeaseView(holder="h1@1", fencing_token=1, ttl=3.0, expires_in=2.0), waited=0.75, patience=3.0)
     seen.on_reply("h1", ("ok", 1))
     assert CallPlan(hosts, "a/3").on_probe("h1", None, waited=0.75, patience=3.0)
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unreachable_owner_does_not_exhaust_a_request_before_its_lease_can_lapse() -> None:
+    # The owner's node died; Ray restarts it elsewhere, and until then every send to it
+    # fails at once as unavailable. Its leases hold for up to a TTL, so no other host can
+    # take its identities sooner: quick hops must not use up the request meanwhile.
+    clock = Clock()
+    hosts = directory("h0")
+    hosts._handles["h0"] = object()  # a handle needs a cluster; routing decisions do not
+    plan = CallPlan(hosts, "a/1", patience=routing_patience_for(10.0), clock=clock)
+    for _ in range(4 * MAX_HOPS):  # many more hops than MAX_HOPS, within 16 s
+        name, _ = plan.target()
+        plan.on_failure(name, ActorUnavailableError("connection lost", None))
+        clock.now += 0.5
+    assert name == "h0" and plan.needs_refresh
+    clock.now += 5.0  # 21 s in: two TTLs have passed and the owner still cannot be reached
+    with pytest.raises(rf.FleetUnavailableError, match="gave up routing 'a/1' after 32 hops in 21.0 s"):
+        plan.target()
+
+
+def test_a_request_gets_max_hops_however_fast_they_go() -> None:
+    clock = Clock()
+    hosts = directory("h0", "h1")
+    hosts._handles.update({"h0": object(), "h1": object()})
+    plan = CallPlan(hosts, "a/1", patience=0.0, clock=clock)
+    for _ in range(MAX_HOPS):
+        name, _ = plan.target()
+        plan.on_reply(name, (REDIRECT, "h1" if name == "h0" else "h0"))  # two hosts that disagree
+    with pytest.raises(rf.FleetUnavailableError, match=f"after {MAX_HOPS} hops"):
+        plan.target()
+
+
+def lease(holder: str) -> LeaseView:
+    return LeaseView(holder=holder, fencing_token=3, ttl=10.0, expires_in=9.0)
+
+
+def test_an_owner_that_lets_its_lease_lapse_is_failed_over_at_once() -> None:
+    plan = CallPlan(directory("h0", "h1"), "a/1")
+    assert plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0)
+    assert plan.lapsed_while_held("h0", None)
+    # Frozen: the same incarnation is still registered, and it let the lease lapse.
+    assert not plan.on_probe("h0", None, waited=2.0, patience=10.0, holder_now="h0@1")
+    assert plan.directory.pick("a/1") == "h1"  # passed over while suspect
+
+
+def test_an_owner_that_ray_restarted_is_waited_for_like_a_host_activating() -> None:
+    # Its node died; the new incarnation freed the old one's leases when it registered,
+    # and Ray hands it the waiting request: no failover, and it gets a full patience.
+    plan = CallPlan(directory("h0", "h1"), "a/1")
+    assert plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0)
+    assert plan.on_probe("h0", None, waited=2.0, patience=10.0, holder_now="h0@2")
+    assert not plan.lapsed_while_held("h0", None)
+    assert plan.on_probe("h0", None, waited=11.0, patience=10.0)  # 9 s since it was seen restarted
+    assert plan.on_probe("h0", lease("h0@2"), waited=11.5, patience=10.0)  # activated: waited for
+    assert not plan.on_probe("h0", None, waited=12.5, patience=10.0, holder_now="h0@2")  # then lapsed: frozen
+
+
+def test_a_host_whose_node_is_gone_is_dead_and_reported_with_its_holder() -> None:
+    # Hosts are pinned to their node; Ray answers "unschedulable" once that node is gone.
+    hosts = directory("h0", "h1")
+    plan = CallPlan(hosts, "a/1")
+    plan.on_failure("h0", ActorUnschedulableError("the node specified via NodeAffinitySchedulingStrategy is gone"))
+    assert plan.dead_hosts == [("h0", "h0@1")]  # removed from the ledger, which frees its leases
+    assert plan.needs_refresh and hosts.candidates() == ["h1"]
+
+
+def test_a_host_ray_is_restarting_is_failed_over_and_its_lease_freed() -> None:
+    hosts = directory("h0", "h1")
+    plan = CallPlan(hosts, "a/1")
+    assert not plan.on_probe("h0", lease("h0@1"), waited=1.0, patience=10.0, restarting=True)
+    assert plan.dead_hosts == [("h0", "h0@1")]
+    assert plan.needs_refresh and hosts.pick("a/1") == "h1"
+    # Restarting, but the lease is another host's: simply re-sent there.
+    other = CallPlan(directory("h0", "h1"), "a/2")
+    assert not other.on_probe("h0", lease("h1@1"), waited=1.0, patience=10.0, restarting=True)
+    assert other.dead_hosts == [] and other.directory.pick("a/2") == "h1"
