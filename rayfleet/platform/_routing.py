@@ -224,7 +224,15 @@ class CallPlan:
         self._regrace: dict[str, float] = {}
         """When (seconds into the wait) a host was found restarted: its patience counts from then."""
 
-    def target(self) -> tuple[str, ray.actor.ActorHandle]:
+    def target(self) -> tuple[str, ray.actor.ActorHandle] | None:
+        """The next host to send to, or ``None`` when no host is registered right now.
+
+        ``None`` means: refresh the host list (``needs_refresh`` is set), pause, and ask
+        again. It is answered only within the routing patience: a host Ray is restarting
+        is briefly not registered (its dead incarnation was removed, the new one has not
+        registered yet), and a one-host fleet then has none. Past the patience the
+        :class:`FleetUnavailableError` from placement reaches the caller.
+        """
         while True:
             self.hops += 1
             elapsed = self._clock() - self._started
@@ -233,7 +241,13 @@ class CallPlan:
                     detail=f"gave up routing {self.identity!r} after {self.hops - 1} hops in {elapsed:.1f} s "
                     f"(hosts: {', '.join(self.directory.names) or 'none'})"
                 )
-            name = self.directory.pick(self.identity)
+            try:
+                name = self.directory.pick(self.identity)
+            except FleetUnavailableError:
+                if elapsed >= self.patience:
+                    raise
+                self.needs_refresh = True
+                return None
             try:
                 return name, self.directory.handle(name)
             except _HostGone:
@@ -433,7 +447,12 @@ class Courier:
             if plan.needs_refresh:
                 _pause(plan.hops)
                 self.refresh_sync(plan)
-            name, handle = plan.target()
+            chosen = plan.target()
+            if chosen is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ray.exceptions.GetTimeoutError(f"no host to route {identity!r} to within the timeout")
+                continue
+            name, handle = chosen
             pending = _submit(handle, request, identity, method)
             try:
                 reply = self._wait_sync(plan, name, pending, deadline)
@@ -485,7 +504,10 @@ class Courier:
             if plan.needs_refresh:
                 await _pause_async(plan.hops)
                 await self.refresh_async(plan)
-            name, handle = plan.target()
+            chosen = plan.target()
+            if chosen is None:
+                continue
+            name, handle = chosen
             pending = _submit(handle, request, identity, method)
             try:
                 reply = await self._wait_async(plan, name, pending)

@@ -165,3 +165,15 @@ def test_a_host_ray_is_restarting_is_failed_over_and_its_lease_freed() -> None:
     other = CallPlan(directory("h0", "h1"), "a/2")
     assert not other.on_probe("h0", lease("h1@1"), waited=1.0, patience=10.0, restarting=True)
     assert other.dead_hosts == [] and other.directory.pick("a/2") == "h1"
+
+
+def test_no_registered_host_is_waited_for_within_the_routing_patience() -> None:
+    # A one-host fleet whose host Ray is restarting: the router removed the dead
+    # incarnation from the ledger before the new one registered, so for a moment no host
+    # is registered. That moment must be waited out, not answered with "no live host".
+    clock = Clock()
+    plan = CallPlan(directory(), "a/1", patience=routing_patience_for(3.0), clock=clock)
+    assert plan.target() is None and plan.needs_refresh
+    clock.now += routing_patience_for(3.0)
+    with pytest.raises(rf.FleetUnavailableError, match="no live rayfleet host"):
+        plan.target()
