@@ -17,11 +17,12 @@ from .agents import Bank, Booking, Counter, Notebook, Reviewer
 DEMO_NAMESPACE = "rayfleet-demo"
 
 
-def run_demo(*, storage: str | None = None, address: str | None = None, say: Callable[[str], None] = print) -> int:
-    """Run the demo end to end; returns 0 when every check held."""
+def run_demo(*, storage: str | None = None, address: str | None = None, ledger: str | None = None,
+             say: Callable[[str], None] = print) -> int:
+    """Run the demo end to end; returns 0 when every check held (``ledger=None``: ``RAYFLEET_LEDGER`` or SQLite)."""
     storage = storage or tempfile.mkdtemp(prefix="rayfleet-demo-")
     started = time.perf_counter()
-    fleet = connect(address=address, storage=storage, namespace=DEMO_NAMESPACE, hosts=2)
+    fleet = connect(address=address, storage=storage, namespace=DEMO_NAMESPACE, hosts=2, ledger=ledger)
     try:
         say(f"1. Connected: {len(fleet.hosts())} host actors ({', '.join(h.name for h in fleet.hosts())}), "
             f"storage in {fleet.storage}.")

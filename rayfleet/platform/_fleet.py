@@ -21,6 +21,7 @@ import ray
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
+    FleetNotFoundError,
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
@@ -47,9 +48,10 @@ from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
+from ._binding import require_fleet_marker
 from ._host_actor import AgentHost
 from ._ledger_actor import RayLedgerClient
-from ._ledger_client import start_ledger
+from ._ledger_client import attach_ledger, start_ledger
 from ._ref import AgentRef, send
 from ._routing import Courier, HostDirectory, HostRequest, _HostGone
 from ._runner import (
@@ -139,6 +141,7 @@ def connect(
     ledger: str | None = None,
     ledger_path: str | None = None,
     ledger_node: str | None = None,
+    create: bool = True,
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
@@ -152,8 +155,16 @@ def connect(
     are created if they do not exist yet (they are detached, so they outlive this
     driver) and reused if they do.
 
+    ``create=False`` attaches to a fleet that is already running and creates nothing:
+    no local Ray is started (``address=None`` only finds a cluster as ``ray.init()``
+    does), no fleet marker, ledger or ledger actor is made, no host is started. It
+    refuses with :class:`~rayfleet.FleetNotFoundError` when the storage holds no fleet,
+    no cluster is found, or the fleet does not run in ``namespace`` (the storage is
+    checked first, before Ray is reached). Read-only tools use it.
+
     Raises:
         InvalidSpecError: for a bad option or ledger URL.
+        FleetNotFoundError: with ``create=False``, there is no running fleet to attach to.
         FleetUnavailableError: if Ray cannot be reached.
         FleetMismatchError: the ledger is empty or another fleet's, over this fleet's storage.
         LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
@@ -171,7 +182,7 @@ def connect(
         idle_timeout=idle_timeout,
     )
     config._validate()
-    return Fleet(config)
+    return Fleet(config, create=create)
 
 
 class Fleet:
@@ -181,32 +192,40 @@ class Fleet:
     and :meth:`subscribe` are the async entry points.
     """
 
-    def __init__(self, config: FleetConfig) -> None:
+    def __init__(self, config: FleetConfig, *, create: bool = True) -> None:
+        """Prefer :func:`connect`; ``create=False`` attaches without creating anything (see there)."""
         self.config = config
         self._started_ray = False
         self._closed = False
+        self.storage = _absolute_storage(config.storage)
+        self.ledger_location = config.ledger_location(self.storage)
+        """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
+        if not create:
+            # Before Ray: a wrong or empty storage folder is refused at once, and is left as it was.
+            require_fleet_marker(self.storage)
         if not ray.is_initialized():
+            address = config.address if create else _attach_address(config.address)
             try:
-                ray.init(address=config.address, namespace=config.namespace, log_to_driver=True,
-                         include_dashboard=None if config.address else False)
+                ray.init(address=address, namespace=config.namespace, log_to_driver=True,
+                         include_dashboard=None if address else False)
             except ConnectionError as error:
-                raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
+                raise FleetUnavailableError(detail=f"cannot connect to Ray at {address!r}: {error}") from error
             # Recorded from what ray.init did, never inferred from the address: with no
             # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
             # the address file a `ray start` on this machine wrote), and that cluster's
             # fleet must outlive this driver.
             self._started_ray = _started_local_ray()
-        self.storage = _absolute_storage(config.storage)
-        self.ledger_location = config.ledger_location(self.storage)
-        """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
         self._snapshots: SnapshotStore | None = None
         self._journal_files: JournalFileStore | None = None
         if "://" in self.storage:
             # Reached once before any actor exists: a wrong endpoint or a missing bucket fails
             # connect with a clear error instead of the first checkpoint, and creates nothing.
             self._snapshot_store().storage.check()
-        self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
-                                    node=config.ledger_node)
+        if create:
+            self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
+                                        node=config.ledger_node)
+        else:
+            self._ledger = attach_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage)
         self._courier = Courier(
             HostDirectory(config.namespace), self._ledger, lease_ttl=config.lease_ttl
         )
@@ -215,7 +234,10 @@ class Fleet:
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
-        self._ensure_hosts()
+        if create:
+            self._ensure_hosts()
+        else:
+            self._courier.refresh_sync()  # the hosts that run now, none started
 
     @property
     def started_ray(self) -> bool:
@@ -267,15 +289,27 @@ class Fleet:
         ``released_unsaved``), so no identity waits a lease TTL to move. Call ``ray.kill``
         on the host afterwards to scale in. A host drains the same way on SIGTERM and
         when Ray drains its node.
+
+        Raises:
+            FleetUnavailableError: no host actor of that name runs.
         """
-        handle = self._courier.directory.handle(host)
-        report: DrainReport = ray.get(handle.drain.remote(timeout))
+        report: DrainReport = ray.get(self._host_handle(host).drain.remote(timeout))
         self._courier.refresh_sync()
         return report
 
     def undrain(self, host: str) -> None:
-        ray.get(self._courier.directory.handle(host).undrain.remote())
+        """Let a drained ``host`` take new work again."""
+        ray.get(self._host_handle(host).undrain.remote())
         self._courier.refresh_sync()
+
+    def _host_handle(self, host: str) -> ray.actor.ActorHandle:
+        try:
+            return self._courier.directory.handle(host)
+        except _HostGone:
+            raise FleetUnavailableError(
+                detail=f"no host actor {host!r} runs in namespace {self.config.namespace!r} (fleet.hosts() lists the "
+                       f"registered hosts)"
+            ) from None
 
     # -- agents ---------------------------------------------------------------------
 
@@ -706,6 +740,35 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _attach_address(address: str | None) -> str:
+    """The Ray address to attach to without starting a local Ray.
+
+    Raises:
+        FleetNotFoundError: no address was given and ``ray.init()`` would find no cluster.
+    """
+    if address:
+        return address
+    # ``address="auto"`` is not used: it also joins any Ray whose processes it sees on
+    # this machine, possibly someone else's. ``ray.init()`` itself reads RAY_ADDRESS, then
+    # the address file ``ray start`` writes; Ray offers no public call for that lookup,
+    # so without it only RAY_ADDRESS counts.
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        lookup: Any = canonicalize_bootstrap_address  # annotated as taking str; None means "as ray.init() would"
+        found = lookup(None)
+    except (ImportError, AttributeError, TypeError):
+        found = os.environ.get("RAY_ADDRESS") or None
+    if not found:
+        raise FleetNotFoundError(
+            missing="no running Ray cluster was found (RAY_ADDRESS is not set and no `ray start` cluster was found "
+                    "on this machine)",
+            remedy="start the fleet's cluster (`ray start --head --port <port>`) or give its address "
+                   "(connect(address=...), RAY_ADDRESS or rayfleet --address)",
+        )
+    return str(found)
 
 
 def _started_local_ray() -> bool:

@@ -1,0 +1,50 @@
+"""The global options every command shares, and the one way a command attaches to its fleet."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from ..platform._fleet import Fleet
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetOptions:
+    """Where the fleet is: the root group's options, after click applied their environment variables."""
+
+    address: str | None
+    """Ray address; ``None``: RAY_ADDRESS, else a cluster ``ray start`` left on this machine."""
+    storage: str | None
+    """Storage folder or URI; ``None``: RAYFLEET_STORAGE, else ``./.rayfleet``."""
+    ledger: str | None
+    """Ledger URL; ``None``: RAYFLEET_LEDGER, else SQLite in the storage folder."""
+    namespace: str
+    """Ray namespace of the fleet."""
+
+
+pass_options = click.make_pass_decorator(FleetOptions)
+
+
+@contextlib.contextmanager
+def open_fleet(options: FleetOptions, *, create: bool = False) -> Iterator[Fleet]:
+    """The fleet the options name, disconnected afterwards.
+
+    ``create=False`` (every command but ``apply`` and ``gateway``) only attaches to a
+    running fleet, and creates nothing where there is none: no local Ray, fleet marker,
+    ledger or host (``FleetNotFoundError`` instead, exit 2). The fleet's actors are
+    stopped afterwards only when this command started the Ray under them, as
+    ``fleet.shutdown()`` does: a command never stops a fleet it attached to.
+    """
+    from ..platform._fleet import connect  # Ray loads only for commands that reach a fleet
+
+    fleet = connect(address=options.address, storage=options.storage, ledger=options.ledger,
+                    namespace=options.namespace, create=create)
+    try:
+        yield fleet
+    finally:
+        fleet.shutdown(stop_actors=fleet.started_ray)
