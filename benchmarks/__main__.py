@@ -114,7 +114,7 @@ def _row(name: str, rayfleet_value: float, baseline: float, unit: str, target: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run every benchmark; ``argv`` as on the command line (``None``: ``sys.argv``; ``rayfleet bench`` passes its own)."""
+    """Run every benchmark; ``argv`` as on the command line (``None``: ``sys.argv``; ``rayfleet bench`` passes one)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+import pydantic
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -37,7 +38,9 @@ ProgressCallback = Callable[[int, int], None]
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON types: dataclasses as objects, enums as their values, tuples as lists."""
+    """``value`` as plain JSON types: dataclasses and pydantic models as objects, enums as values, tuples as lists."""
+    if isinstance(value, pydantic.BaseModel):
+        return jsonable(value.model_dump(mode="json"))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):

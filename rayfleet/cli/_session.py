@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import FleetNotFoundError
+
 if TYPE_CHECKING:
     from ..platform._fleet import Fleet
 
@@ -34,16 +36,26 @@ pass_options = click.make_pass_decorator(FleetOptions)
 def open_fleet(options: FleetOptions, *, create: bool = False) -> Iterator[Fleet]:
     """The fleet the options name, disconnected afterwards.
 
-    ``create=False`` (every command but ``apply`` and ``gateway``) only attaches to a
-    running fleet, and creates nothing where there is none: no local Ray, fleet marker,
-    ledger or host (``FleetNotFoundError`` instead, exit 2). The fleet's actors are
+    Without ``create`` (every command but ``apply`` and ``gateway``) it only attaches to
+    a running fleet and creates nothing where there is none: no local Ray, fleet
+    marker, ledger or host (``FleetNotFoundError`` instead, exit 2). With ``create`` it
+    attaches to a running fleet just the same (its host count untouched), and only
+    when there is none starts one, as ``rf.connect()`` does. The fleet's actors are
     stopped afterwards only when this command started the Ray under them, as
     ``fleet.shutdown()`` does: a command never stops a fleet it attached to.
     """
     from ..platform._fleet import connect  # Ray loads only for commands that reach a fleet
 
-    fleet = connect(address=options.address, storage=options.storage, ledger=options.ledger,
-                    namespace=options.namespace, create=create)
+    def attach(*, create: bool) -> Fleet:
+        return connect(address=options.address, storage=options.storage, ledger=options.ledger,
+                       namespace=options.namespace, create=create)
+
+    try:
+        fleet = attach(create=False)
+    except FleetNotFoundError:
+        if not create:
+            raise
+        fleet = attach(create=True)
     try:
         yield fleet
     finally:

@@ -12,15 +12,20 @@ import rayfleet as rf
 from rayfleet.cli._output import Column, counting, emit_json, emit_table, jsonable
 
 
+class Note(rf.State):
+    text: str = ""
+
+
 def test_jsonable_turns_values_into_plain_json() -> None:
     status = rf.IdentityStatus(identity="a/b", state=rf.LifecycleState.ACTIVE, generation=2,
                                lease=rf.LeaseInfo(fencing_token=7, ttl_remaining=9.5, healthy=True),
                                labels={"team": "a"})
-    value = jsonable({"status": status, "edges": (("a", "b"),), "odd": object})
+    value = jsonable({"status": status, "edges": (("a", "b"),), "odd": object, "model": Note(text="hi")})
     assert json.loads(json.dumps(value)) == value
     assert value["status"]["state"] == "ACTIVE" and value["status"]["lease"]["fencing_token"] == 7
     assert value["edges"] == [["a", "b"]]
     assert value["odd"] == repr(object)
+    assert value["model"] == {"text": "hi"}
 
 
 def test_emit_json_prints_one_parsable_document(capsys: pytest.CaptureFixture[str]) -> None:
