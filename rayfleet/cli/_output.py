@@ -108,8 +108,9 @@ def emit_table(rows: Sequence[Any], columns: Sequence[Column], *, title: str, em
         console.print(Text(empty))
         return
     table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column.header, overflow="fold")
+    for index, column in enumerate(columns):
+        # The first column names the row (an identity, a run id): it is never broken over lines.
+        table.add_column(column.header, overflow="fold", no_wrap=index == 0)
     for row in rows:
         values = row if isinstance(row, Mapping) else {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
         # Text, not str: an identity or an error text with [brackets] must not read as rich markup.

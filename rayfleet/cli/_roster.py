@@ -15,12 +15,15 @@ from ._session import FleetOptions, open_fleet, pass_options
 @click.argument("roster", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Report what would change, change nothing.")
 @click.option("--prune", is_flag=True, help="Retire identities the roster does not list.")
+@click.option("--hosts", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Host actors to start if this creates the fleet (default: one per CPU); a running fleet keeps "
+                   "its own.")
 @json_option
 @pass_options
-def apply(options: FleetOptions, roster: Path, dry_run: bool, prune: bool, as_json: bool) -> None:
+def apply(options: FleetOptions, roster: Path, dry_run: bool, prune: bool, hosts: int | None, as_json: bool) -> None:
     """Make the fleet match ROSTER (a YAML file), idempotently; creates the fleet if there is none."""
     # The one command (with `gateway`) that may create a fleet: applying a roster is how one starts.
-    with open_fleet(options, create=True) as fleet, working(f"applying {roster.name}"):
+    with working(f"applying {roster.name}"), open_fleet(options, create=True, hosts=hosts) as fleet:
         report = fleet.apply(roster, dry_run=dry_run, prune=prune)
     if as_json:
         emit_json(report)

@@ -33,14 +33,14 @@ pass_options = click.make_pass_decorator(FleetOptions)
 
 
 @contextlib.contextmanager
-def open_fleet(options: FleetOptions, *, create: bool = False) -> Iterator[Fleet]:
+def open_fleet(options: FleetOptions, *, create: bool = False, hosts: int | None = None) -> Iterator[Fleet]:
     """The fleet the options name, disconnected afterwards.
 
     Without ``create`` (every command but ``apply`` and ``gateway``) it only attaches to
     a running fleet and creates nothing where there is none: no local Ray, fleet
     marker, ledger or host (``FleetNotFoundError`` instead, exit 2). With ``create`` it
     attaches to a running fleet just the same (its host count untouched), and only
-    when there is none starts one, as ``rf.connect()`` does. The fleet's actors are
+    when there is none starts one, as ``rf.connect(hosts=hosts)`` does. The fleet's actors are
     stopped afterwards only when this command started the Ray under them, as
     ``fleet.shutdown()`` does: a command never stops a fleet it attached to.
     """
@@ -48,7 +48,7 @@ def open_fleet(options: FleetOptions, *, create: bool = False) -> Iterator[Fleet
 
     def attach(*, create: bool) -> Fleet:
         return connect(address=options.address, storage=options.storage, ledger=options.ledger,
-                       namespace=options.namespace, create=create)
+                       namespace=options.namespace, hosts=hosts, create=create)
 
     try:
         fleet = attach(create=False)

@@ -38,7 +38,7 @@ def export(options: FleetOptions, path: str, as_json: bool) -> None:
 @pass_options
 def gc(options: FleetOptions, min_age: float, as_json: bool) -> None:
     """Delete snapshot files no identity references any more."""
-    with open_fleet(options) as fleet, working("collecting unreferenced snapshot files"):
+    with working("collecting unreferenced snapshot files"), open_fleet(options) as fleet:
         deleted = fleet.collect_garbage(min_age=min_age)
     if as_json:
         emit_json({"deleted": deleted})

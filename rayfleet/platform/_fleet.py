@@ -160,7 +160,8 @@ def connect(
     does), no fleet marker, ledger or ledger actor is made, no host is started. It
     refuses with :class:`~rayfleet.FleetNotFoundError` when the storage holds no fleet,
     no cluster is found, or the fleet does not run in ``namespace`` (the storage is
-    checked first, before Ray is reached). Read-only tools use it.
+    checked first, before Ray is reached). Every `rayfleet` command but `apply` and
+    `gateway` attaches this way.
 
     Raises:
         InvalidSpecError: for a bad option or ledger URL.

@@ -216,10 +216,11 @@ def test_no_fleet_here_creates_nothing_and_apply_starts_one(shared: CliFleet, tm
         ray.get_actor("rayfleet-ledger", namespace=namespace)
 
     # apply is the command that starts a fleet where there is none.
-    created = invoke(*where, "apply", ROSTER, "--json")
+    created = invoke(*where, "apply", ROSTER, "--hosts", "1", "--json")
     try:
         assert created.exit_code == 0, created.output
         assert (empty / "fleet.json").is_file()
+        assert [host["name"] for host in json.loads(invoke(*where, "hosts", "--json").stdout)] == ["rayfleet-host-0"]
         listed = json.loads(invoke(*where, "list", "--json").stdout)
         assert [agent["identity"] for agent in listed] == ["team/planner", "team/researcher-history",
                                                            "team/researcher-physics"]
