@@ -8,21 +8,18 @@ from typing import Any
 
 import click
 
-from ._output import Column, emit_fields, emit_json, emit_line, emit_table, json_option, jsonable, moment
+from ._output import Column, emit_fields, emit_json, emit_line, emit_table, json_option, moment
 from ._session import FleetOptions, open_fleet, pass_options
 
 RESERVED_CALL_OPTIONS = ("timeout", "idempotency_key", "deadline", "conversation", "fence")
 """Keyword names ``AgentRef.call`` keeps for itself, so they cannot be handler arguments from the CLI."""
 
-STATUS_COLUMNS = (
+LIST_COLUMNS = (
     Column("identity", "identity"),
     Column("state", "state"),
-    Column("agent_class", "class"),
     Column("host", "host"),
-    Column("generation", "gen"),
-    Column("checkpoint_version", "checkpoint"),
-    Column("lease", "token", lambda lease: str(lease["fencing_token"]) if lease else "-"),
-    Column("paused", "paused"),
+    Column("token", "token"),
+    Column("checkpoint", "checkpoint"),
     Column("labels", "labels"),
 )
 
@@ -112,7 +109,10 @@ def list_identities(options: FleetOptions, labels: dict[str, str], as_json: bool
     if as_json:
         emit_json(agents)
     else:
-        emit_table([jsonable(agent) for agent in agents], STATUS_COLUMNS, title="identities",
+        rows = [{"identity": agent.identity, "state": agent.state.value + (" (paused)" if agent.paused else ""),
+                 "host": agent.host, "token": agent.lease.fencing_token if agent.lease else None,
+                 "checkpoint": agent.checkpoint_version, "labels": agent.labels} for agent in agents]
+        emit_table(rows, LIST_COLUMNS, title="identities",
                    empty="no identities" + (" with those labels" if labels else ""))
 
 

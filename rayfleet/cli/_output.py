@@ -59,9 +59,16 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(jsonable(value), indent=2))
 
 
+PIPED_WIDTH = 120
+"""Columns of a table written to a pipe or a file, which need not fit an 80-column terminal."""
+
+
 def stdout_console() -> Console:
     # Made per call: the console then writes to whatever sys.stdout is now (tests swap it).
-    return Console(highlight=False)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, PIPED_WIDTH)
+    return console
 
 
 def stderr_console() -> Console:

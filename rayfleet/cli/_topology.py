@@ -21,7 +21,7 @@ def export(options: FleetOptions, fmt: str) -> None:
     """Print the live topology (edges, and which the platform manages)."""
     with open_fleet(options) as fleet:
         text = fleet.topology.export(fmt)
-    click.echo(text)
+    click.echo(text.rstrip("\n"))
 
 
 @topology.command()

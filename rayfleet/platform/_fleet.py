@@ -210,7 +210,11 @@ class Fleet:
                 ray.init(address=address, namespace=config.namespace, log_to_driver=True,
                          include_dashboard=None if address else False)
             except ConnectionError as error:
-                raise FleetUnavailableError(detail=f"cannot connect to Ray at {address!r}: {error}") from error
+                # Ray reports a missing auth token only in its own log lines, as a failed connection.
+                hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
+                    " (a cluster with Ray's token authentication, which `ray start` enables, also needs "
+                    "RAY_AUTH_MODE=token on this client)")
+                raise FleetUnavailableError(detail=f"cannot connect to Ray at {address!r}: {error}{hint}") from error
             # Recorded from what ray.init did, never inferred from the address: with no
             # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
             # the address file a `ray start` on this machine wrote), and that cluster's

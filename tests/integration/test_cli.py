@@ -254,3 +254,12 @@ def test_cli_reaches_a_postgresql_ledger_and_refuses_a_bad_ledger_url(postgres_l
         refused(pg.run("status", ledger="mysql://db/x"), 2, "sqlite:///", "postgresql://")
     finally:
         fleet.shutdown(stop_actors=True)
+
+
+@pytest.mark.timeout(180)
+def test_demo_command_runs_the_demo(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["demo"], prog_name="rayfleet",
+                                env={"RAY_ADDRESS": None, "RAYFLEET_STORAGE": str(tmp_path / "demo-store")})
+    assert result.exit_code == 0, result.output
+    assert "Demo passed" in result.stdout
+    assert (tmp_path / "demo-store" / "fleet.json").is_file()  # the storage came from RAYFLEET_STORAGE
