@@ -8,12 +8,14 @@ import dataclasses
 import logging
 import os
 import pickle
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import cloudpickle
 import ray
@@ -206,6 +208,8 @@ class Fleet:
             require_fleet_marker(self.storage)
         if not ray.is_initialized():
             address = config.address if create else _attach_address(config.address)
+            if address:
+                _require_listener(address)
             try:
                 ray.init(address=address, namespace=config.namespace, log_to_driver=True,
                          include_dashboard=None if address else False)
@@ -745,6 +749,38 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+RAY_PROBE_TIMEOUT = 5.0
+"""Seconds to wait for a TCP connection to a Ray address before ``ray.init`` is even tried."""
+
+
+def _require_listener(address: str) -> None:
+    """Fail fast when nothing listens at a ``host:port`` (or ``ray://host:port``) Ray address.
+
+    ``ray.init`` retries an address where nothing listens for many minutes; one TCP
+    connection tells at once. Addresses in another form (``auto``, ``local``) are left
+    to Ray.
+
+    Raises:
+        FleetUnavailableError: the connection was refused or timed out.
+    """
+    parts = urlsplit("//" + address.removeprefix("ray://"))
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number: Ray's own message says more
+        return
+    if not host or port is None:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=RAY_PROBE_TIMEOUT):
+            pass
+    except OSError as error:
+        raise FleetUnavailableError(
+            detail=f"nothing answers at the Ray address {address!r} ({error}); start the cluster "
+                   f"(`ray start --head --port {port}`) or give the right address (connect(address=...), RAY_ADDRESS "
+                   f"or rayfleet --address)"
+        ) from None
 
 
 def _attach_address(address: str | None) -> str:

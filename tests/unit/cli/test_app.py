@@ -7,6 +7,7 @@ also proves it gave up before reaching Ray.
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import click
@@ -161,6 +162,20 @@ def test_no_cluster_exits_2_saying_to_start_one(tmp_path: Path, monkeypatch: pyt
     assert_refused(result, "no running Ray cluster", "ray start --head", "--address")
     assert result.stderr.count("\n") == 1
     assert sorted(path.name for path in storage.iterdir()) == ["fleet.json"]
+
+
+def test_an_address_where_nothing_listens_exits_2_at_once(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago, so nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    storage = tmp_path / "store"
+    storage.mkdir()
+    (storage / "fleet.json").write_text(json.dumps({"fleet_id": "fleet-unit", "format": 1}))
+    for args in (["--storage", str(storage), "hosts"], ["--storage", str(tmp_path / "new"), "apply", __file__]):
+        result = invoke("--address", f"127.0.0.1:{port}", *args)
+        assert_refused(result, f"nothing answers at the Ray address '127.0.0.1:{port}'", "--address")
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "new").exists()  # apply gave up before creating anything
 
 
 @pytest.mark.parametrize("ledger", ["", "mysql://x/y", "sqlite:///", "sqlite://relative.db", "postgresql:///nohost"])
