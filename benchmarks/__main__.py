@@ -113,11 +113,12 @@ def _row(name: str, rayfleet_value: float, baseline: float, unit: str, target: s
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run every benchmark; ``argv`` as on the command line (``None``: ``sys.argv``; ``rayfleet bench`` passes one)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     calls, agents, actors = (600, 500, 20) if options.quick else (3000, 2000, 50)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

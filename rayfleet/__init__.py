@@ -12,6 +12,7 @@ from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
 from .errors import DeliveryError as DeliveryError
 from .errors import FleetMismatchError as FleetMismatchError
+from .errors import FleetNotFoundError as FleetNotFoundError
 from .errors import FleetUnavailableError as FleetUnavailableError
 from .errors import HandlerError as HandlerError
 from .errors import IdentityError as IdentityError
@@ -163,6 +164,7 @@ __all__ = [
     "DeadlineExceededError",
     "DeliveryError",
     "FleetMismatchError",
+    "FleetNotFoundError",
     "FleetUnavailableError",
     "HandlerError",
     "IdentityError",

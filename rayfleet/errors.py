@@ -44,6 +44,7 @@ catches one kind of failure without naming every leaf::
 ├── StorageError                                  the checkpoint storage (snapshot files) itself
 │   └── StorageUnavailableError                   the storage refused a write (full, read-only, unreachable); retry
     ├── FleetUnavailableError                         no host could serve the request
+    │   └── FleetNotFoundError                        no running fleet to attach to (connect(create=False))
     └── InternalError                                 a rayfleet bug: an invariant did not hold
 
 Ray pickles exceptions that cross actor boundaries, so every error here carries
@@ -61,6 +62,7 @@ __all__ = [
     "DeadlineExceededError",
     "DeliveryError",
     "FleetMismatchError",
+    "FleetNotFoundError",
     "FleetUnavailableError",
     "HandlerError",
     "IdentityError",
@@ -900,6 +902,25 @@ class FleetUnavailableError(RayfleetError):
             f"the fleet cannot serve this request: {detail}. "
             f"Check that Ray is running and that rayfleet hosts are alive (fleet.hosts()).",
             detail=detail,
+        )
+
+
+class FleetNotFoundError(FleetUnavailableError):
+    """There is no running fleet to attach to: ``connect(create=False)`` found nothing and created nothing.
+
+    Attributes:
+        missing: what was looked for and not found (a fleet marker in the storage, a Ray
+            cluster, the fleet's ledger actor in the namespace).
+        remedy: what to do about it.
+        detail: the same as ``missing`` (as for every ``FleetUnavailableError``).
+    """
+
+    missing: str
+    remedy: str
+
+    def __init__(self, *, missing: str, remedy: str) -> None:
+        RayfleetError.__init__(
+            self, f"no fleet to attach to: {missing}; {remedy}", missing=missing, remedy=remedy, detail=missing,
         )
 
 

@@ -1,7 +1,7 @@
-"""The ``rayfleet`` command."""
+"""The ``rayfleet`` command (click): one module per command group, rendering in ``_output``."""
 
 from __future__ import annotations
 
-from ._app import main as main
+from ._main import main as main
 
 __all__ = ["main"]

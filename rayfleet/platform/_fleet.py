@@ -8,12 +8,14 @@ import dataclasses
 import logging
 import os
 import pickle
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import cloudpickle
 import ray
@@ -22,6 +24,7 @@ from ..checkpoints._export import ExportReport, export_fleet
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
+    FleetNotFoundError,
     FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
@@ -48,9 +51,10 @@ from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
+from ._binding import require_fleet_marker
 from ._host_actor import NODE_ANSWER_TIMEOUT, launch_host
 from ._ledger_actor import RayLedgerClient
-from ._ledger_client import start_ledger
+from ._ledger_client import attach_ledger, start_ledger
 from ._placement import (
     HOST_NAME_PREFIX,
     assign_nodes,
@@ -148,6 +152,7 @@ def connect(
     ledger: str | None = None,
     ledger_path: str | None = None,
     ledger_node: str | None = None,
+    create: bool = True,
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
@@ -161,8 +166,17 @@ def connect(
     are created if they do not exist yet (they are detached, so they outlive this
     driver) and reused if they do.
 
+    ``create=False`` attaches to a fleet that is already running and creates nothing:
+    no local Ray is started (``address=None`` only finds a cluster as ``ray.init()``
+    does), no fleet marker, ledger or ledger actor is made, no host is started. It
+    refuses with :class:`~rayfleet.FleetNotFoundError` when the storage holds no fleet,
+    no cluster is found, or the fleet does not run in ``namespace`` (the storage is
+    checked first, before Ray is reached). Every `rayfleet` command but `apply` and
+    `gateway` attaches this way.
+
     Raises:
         InvalidSpecError: for a bad option or ledger URL.
+        FleetNotFoundError: with ``create=False``, there is no running fleet to attach to.
         FleetUnavailableError: if Ray cannot be reached.
         FleetMismatchError: the ledger is empty or another fleet's, over this fleet's storage.
         LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
@@ -180,7 +194,7 @@ def connect(
         idle_timeout=idle_timeout,
     )
     config._validate()
-    return Fleet(config)
+    return Fleet(config, create=create)
 
 
 class Fleet:
@@ -190,32 +204,46 @@ class Fleet:
     and :meth:`subscribe` are the async entry points.
     """
 
-    def __init__(self, config: FleetConfig) -> None:
+    def __init__(self, config: FleetConfig, *, create: bool = True) -> None:
+        """Prefer :func:`connect`; ``create=False`` attaches without creating anything (see there)."""
         self.config = config
         self._started_ray = False
         self._closed = False
+        self.storage = _absolute_storage(config.storage)
+        self.ledger_location = config.ledger_location(self.storage)
+        """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
+        if not create:
+            # Before Ray: a wrong or empty storage folder is refused at once, and is left as it was.
+            require_fleet_marker(self.storage)
         if not ray.is_initialized():
+            address = config.address if create else _attach_address(config.address)
+            if address:
+                _require_listener(address)
             try:
-                ray.init(address=config.address, namespace=config.namespace, log_to_driver=True,
-                         include_dashboard=None if config.address else False)
+                ray.init(address=address, namespace=config.namespace, log_to_driver=True,
+                         include_dashboard=None if address else False)
             except ConnectionError as error:
-                raise FleetUnavailableError(detail=f"cannot connect to Ray at {config.address!r}: {error}") from error
+                # Ray reports a missing auth token only in its own log lines, as a failed connection.
+                hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
+                    " (a cluster with Ray's token authentication, which `ray start` enables, also needs "
+                    "RAY_AUTH_MODE=token on this client)")
+                raise FleetUnavailableError(detail=f"cannot connect to Ray at {address!r}: {error}{hint}") from error
             # Recorded from what ray.init did, never inferred from the address: with no
             # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
             # the address file a `ray start` on this machine wrote), and that cluster's
             # fleet must outlive this driver.
             self._started_ray = _started_local_ray()
-        self.storage = _absolute_storage(config.storage)
-        self.ledger_location = config.ledger_location(self.storage)
-        """Where the ledger lives (``.kind`` is ``sqlite`` or ``postgresql``; ``.shown`` hides the password)."""
         self._snapshots: SnapshotStore | None = None
         self._journal_files: JournalFileStore | None = None
         if "://" in self.storage:
             # Reached once before any actor exists: a wrong endpoint or a missing bucket fails
             # connect with a clear error instead of the first checkpoint, and creates nothing.
             self._snapshot_store().storage.check()
-        self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
-                                    node=config.ledger_node)
+        if create:
+            self._ledger = start_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage,
+                                        node=config.ledger_node)
+        else:
+            self._ledger = attach_ledger(self.ledger_location, namespace=config.namespace, storage=self.storage)
         self._courier = Courier(
             HostDirectory(config.namespace), self._ledger, lease_ttl=config.lease_ttl
         )
@@ -224,7 +252,10 @@ class Fleet:
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
-        self._ensure_hosts()
+        if create:
+            self._ensure_hosts()
+        else:
+            self._courier.refresh_sync()  # the hosts that run now, none started
 
     @property
     def started_ray(self) -> bool:
@@ -318,15 +349,27 @@ class Fleet:
         ``released_unsaved``), so no identity waits a lease TTL to move. Call ``ray.kill``
         on the host afterwards to scale in. A host drains the same way on SIGTERM and
         when Ray drains its node.
+
+        Raises:
+            FleetUnavailableError: no host actor of that name runs.
         """
-        handle = self._courier.directory.handle(host)
-        report: DrainReport = ray.get(handle.drain.remote(timeout))
+        report: DrainReport = ray.get(self._host_handle(host).drain.remote(timeout))
         self._courier.refresh_sync()
         return report
 
     def undrain(self, host: str) -> None:
-        ray.get(self._courier.directory.handle(host).undrain.remote())
+        """Let a drained ``host`` take new work again."""
+        ray.get(self._host_handle(host).undrain.remote())
         self._courier.refresh_sync()
+
+    def _host_handle(self, host: str) -> ray.actor.ActorHandle:
+        try:
+            return self._courier.directory.handle(host)
+        except _HostGone:
+            raise FleetUnavailableError(
+                detail=f"no host actor {host!r} runs in namespace {self.config.namespace!r} (fleet.hosts() lists the "
+                       f"registered hosts)"
+            ) from None
 
     # -- agents ---------------------------------------------------------------------
 
@@ -789,6 +832,67 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+RAY_PROBE_TIMEOUT = 5.0
+"""Seconds to wait for a TCP connection to a Ray address before ``ray.init`` is even tried."""
+
+
+def _require_listener(address: str) -> None:
+    """Fail fast when nothing listens at a ``host:port`` (or ``ray://host:port``) Ray address.
+
+    ``ray.init`` retries an address where nothing listens for many minutes; one TCP
+    connection tells at once. Addresses in another form (``auto``, ``local``) are left
+    to Ray.
+
+    Raises:
+        FleetUnavailableError: the connection was refused or timed out.
+    """
+    parts = urlsplit("//" + address.removeprefix("ray://"))
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number: Ray's own message says more
+        return
+    if not host or port is None:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=RAY_PROBE_TIMEOUT):
+            pass
+    except OSError as error:
+        raise FleetUnavailableError(
+            detail=f"nothing answers at the Ray address {address!r} ({error}); start the cluster "
+                   f"(`ray start --head --port {port}`) or give the right address (connect(address=...), RAY_ADDRESS "
+                   f"or rayfleet --address)"
+        ) from None
+
+
+def _attach_address(address: str | None) -> str:
+    """The Ray address to attach to without starting a local Ray.
+
+    Raises:
+        FleetNotFoundError: no address was given and ``ray.init()`` would find no cluster.
+    """
+    if address:
+        return address
+    # ``address="auto"`` is not used: it also joins any Ray whose processes it sees on
+    # this machine, possibly someone else's. ``ray.init()`` itself reads RAY_ADDRESS, then
+    # the address file ``ray start`` writes; Ray offers no public call for that lookup,
+    # so without it only RAY_ADDRESS counts.
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        lookup: Any = canonicalize_bootstrap_address  # annotated as taking str; None means "as ray.init() would"
+        found = lookup(None)
+    except (ImportError, AttributeError, TypeError):
+        found = os.environ.get("RAY_ADDRESS") or None
+    if not found:
+        raise FleetNotFoundError(
+            missing="no running Ray cluster was found (RAY_ADDRESS is not set and no `ray start` cluster was found "
+                    "on this machine)",
+            remedy="start the fleet's cluster (`ray start --head --port <port>`) or give its address "
+                   "(connect(address=...), RAY_ADDRESS or rayfleet --address)",
+        )
+    return str(found)
 
 
 def _started_local_ray() -> bool:

@@ -13,11 +13,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..errors import FleetUnavailableError, RayfleetError
+from ..errors import FleetNotFoundError, FleetUnavailableError, RayfleetError
 from ..ledger._contract import LedgerClient
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation, open_ledger
-from ._binding import bind_fleet
+from ._binding import bind_fleet, check_fleet
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
 
 DIRECT_CLIENT_THREADS = 8
@@ -70,6 +70,32 @@ def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node
             ray.kill(handle)
             raise
     bind_fleet(client, storage=storage, ledger_shown=location.shown)
+    return client
+
+
+def attach_ledger(location: LedgerLocation, *, namespace: str, storage: str) -> LedgerClient:
+    """The driver's client of a running fleet's ledger; creates nothing (``connect(create=False)``).
+
+    Raises:
+        FleetNotFoundError: a SQLite ledger's actor does not run in ``namespace``.
+        FleetMismatchError: the ledger and the storage belong to different fleets (or the ledger is empty).
+        LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
+    """
+    try:
+        client = connect_ledger(location, namespace=namespace)
+    except FleetUnavailableError:
+        raise FleetNotFoundError(
+            missing=f"the fleet of {storage} does not run in Ray namespace {namespace!r} (no actor "
+                    f"{LEDGER_ACTOR_NAME!r})",
+            remedy="give the namespace it runs in (connect(namespace=...), rayfleet --namespace), or start it on this "
+                   "cluster (rf.connect() or rayfleet apply ROSTER)",
+        ) from None
+    try:
+        check_fleet(client, storage=storage, ledger_shown=location.shown)
+    except RayfleetError:
+        if isinstance(client, LocalLedgerClient):
+            client.close()
+        raise
     return client
 
 

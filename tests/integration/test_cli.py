@@ -1,74 +1,234 @@
-"""The rayfleet command line against a live fleet in the test session's Ray."""
+"""The rayfleet command line against live fleets in the test session's Ray (in-process, through click's runner).
+
+One fleet is shared by the module; every command attaches to it the way an operator's
+shell would, by ``--storage`` and ``--namespace``, and must leave it running.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import ray
+from click.testing import CliRunner, Result
 
 import rayfleet as rf
-from rayfleet.cli._app import main
+from rayfleet.cli._main import cli
+
+ROSTER = str(Path(__file__).resolve().parents[2] / "examples" / "team.yaml")
 
 
 class Greeter(rf.Agent):
     class State(rf.State):
         greeted: list[str] = []
+        closed: bool = False
 
     @rf.handler
     async def greet(self, name: str) -> str:
+        if self.state.closed:
+            raise ValueError(f"closed to {name}")
         self.state.greeted = [*self.state.greeted, name]
-        return f"hello {name}"
+        return f"hello {name} #{len(self.state.greeted)}"
+
+    @rf.handler
+    async def close(self, closed: bool) -> bool:
+        self.state.closed = closed
+        return closed
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, json.loads(out.out) if code == 0 and out.out.strip() else out.err
+@dataclass(frozen=True)
+class CliFleet:
+    fleet: rf.Fleet
+    storage: Path
+    namespace: str
+
+    def run(self, *args: str, ledger: str | None = None) -> Result:
+        where = ["--storage", str(self.storage), "--namespace", self.namespace]
+        return invoke(*where, *(["--ledger", ledger] if ledger else []), *args)
+
+    def data(self, *args: str) -> Any:
+        result = self.run(*args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="rayfleet", env={"RAY_ADDRESS": None})
+
+
+def refused(result: Result, code: int, *words: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliFleet]:
+    storage = tmp_path_factory.mktemp("cli") / "store"
+    namespace = f"cli-{uuid.uuid4().hex[:8]}"
+    fleet = rf.connect(storage=storage, namespace=namespace, hosts=1)
+    for index in (1, 2, 3):
+        fleet.spawn(f"greeter/{index}", Greeter, labels={"team": "a" if index < 3 else "b"})
+    try:
+        yield CliFleet(fleet, storage, namespace)
+    finally:
+        fleet.shutdown(stop_actors=True)
 
 
 @pytest.mark.timeout(120)
-def test_cli_send_status_pause_and_dead_letters(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    namespace = f"cli-{uuid.uuid4().hex[:8]}"
-    fleet = rf.connect(storage=storage, namespace=namespace, hosts=1)
+def test_send_status_and_list(shared: CliFleet) -> None:
+    assert shared.data("send", "greeter/1", "greet", "--json", '{"name": "ada"}') == "hello ada #1"
+    keyed = ("send", "greeter/1", "greet", "--json", '{"name": "bob"}', "--idempotency-key", "k-1", "--timeout", "30")
+    assert shared.data(*keyed) == shared.data(*keyed) == "hello bob #2"  # the effect happened once
+
+    refused(shared.run("send", "nobody/here", "greet"), 2, "unknown identity 'nobody/here'")
+    refused(shared.run("send", "greeter/1", "shout"), 2, "has no handler 'shout'", "greet")
+    refused(shared.run("send", "greeter/1", "greet", "--json", "{not json"), 2, "not valid JSON")
+    refused(shared.run("send", "greeter/1", "greet", "--json", "[]"), 2, "JSON object")
+    refused(shared.run("send", "greeter/1", "greet", "--json", '{"name": 3.5}'), 2, "are not valid")
+
+    status = shared.data("status", "greeter/1", "--json")
+    assert (status["identity"], status["state"], status["host"]) == ("greeter/1", "ACTIVE", "rayfleet-host-0")
+    assert status["lease"]["fencing_token"] >= 1 and status["labels"] == {"team": "a"}
+    table = shared.run("status", "greeter/1")
+    assert table.exit_code == 0 and "greeter/1" in table.stdout and "ACTIVE" in table.stdout
+    refused(shared.run("status", "nobody/here"), 2, "unknown identity")
+
+    summary = shared.data("status", "--json")
+    assert summary["hosts"] == 1 and summary["namespace"] == shared.namespace
+    assert summary["identities"] >= 3 and summary["states"]["ACTIVE"] >= 1
+
+    listed = shared.data("list", "--json")
+    assert [agent["identity"] for agent in listed if agent["identity"].startswith("greeter/")] == \
+        ["greeter/1", "greeter/2", "greeter/3"]
+    team_a = shared.data("list", "--label", "team=a", "--json")
+    assert [agent["identity"] for agent in team_a] == ["greeter/1", "greeter/2"]
+    table = shared.run("list", "--label", "team=b")
+    assert table.exit_code == 0 and "greeter/3" in table.stdout and "greeter/1" not in table.stdout
+    refused(shared.run("list", "--label", "team"), 2, "KEY=VALUE")
+
+
+@pytest.mark.timeout(120)
+def test_pause_parked_resume_and_dead_letters(shared: CliFleet) -> None:
+    assert shared.data("pause", "greeter/2", "--json") == {"paused": "greeter/2"}
+    assert shared.fleet.status("greeter/2").paused
+    # A send to a paused identity is parked; its caller gives up after --timeout: exit 1, not 2.
+    refused(shared.run("send", "greeter/2", "greet", "--json", '{"name": "cy"}', "--timeout", "1"), 1,
+            "did not finish within 1s")
+    parked = shared.data("parked", "greeter/2", "--json")
+    assert [message["envelope"]["method"] for message in parked] == ["greet"]
+    assert "greet" in shared.run("parked", "greeter/2").stdout
+    assert shared.data("resume", "greeter/2", "--json") == {"resumed": "greeter/2", "replayed": 1}
+    assert shared.data("parked", "greeter/2", "--json") == []
+    refused(shared.run("parked", "nobody/here"), 2, "unknown identity")
+
+    # A handler that raises: exit 1, and its message waits in the dead-letter log.
+    assert shared.data("send", "greeter/2", "close", "--json", '{"closed": true}') is True
+    refused(shared.run("send", "greeter/2", "greet", "--json", '{"name": "dee"}'), 1,
+            "raised builtins.ValueError: closed to dee")
+    letters = shared.data("dead-letters", "list", "--identity", "greeter/2", "--json")
+    assert [(letter["reason"], letter["envelope"]["kwargs"]) for letter in letters] == [("REJECTED", {"name": "dee"})]
+    letter_id = letters[0]["id"]
+    assert "REJECTED" in shared.run("dead-letters", "list").stdout
+    assert shared.data("send", "greeter/2", "close", "--json", '{"closed": false}') is False
+    assert shared.data("dead-letters", "replay", str(letter_id)) == "hello dee #2"
+    assert shared.data("dead-letters", "list", "--identity", "greeter/2", "--json") == []
+    refused(shared.run("dead-letters", "replay", str(letter_id)), 2, f"there is no dead letter {letter_id}")
+
+    refused(shared.run("send", "greeter/3", "greet", "--json", '{"name": 1.5}'), 2, "are not valid")
+    (decode_failed,) = shared.data("dead-letters", "list", "--identity", "greeter/3", "--json")
+    assert decode_failed["reason"] == "DECODE_FAILED"
+    assert shared.data("dead-letters", "purge", "--id", str(decode_failed["id"]), "--json") == {"purged": 1}
+    assert shared.data("dead-letters", "list", "--identity", "greeter/3", "--json") == []
+
+
+@pytest.mark.timeout(180)
+def test_apply_topology_runs_hosts_gc_and_drain(shared: CliFleet) -> None:
+    preview = shared.data("apply", ROSTER, "--dry-run", "--json")
+    assert preview["dry_run"] and len(preview["created"]) == 3 and preview["topology"] is None
+    applied = shared.data("apply", ROSTER, "--json")
+    assert len(applied["created"]) == 3 and len(applied["topology"]["wired"]) == 2
+    again = shared.run("apply", ROSTER)
+    assert again.exit_code == 0 and "unchanged" in again.stdout and "team/planner" in again.stdout
+    # Applying to a running fleet attaches to it: its one host stays one (no host per CPU).
+    assert shared.data("hosts", "--json") == [
+        {"name": "rayfleet-host-0", "holder": shared.fleet.hosts()[0].holder,
+         "started_at": shared.fleet.hosts()[0].started_at, "draining": False}
+    ]
+    assert "rayfleet-host-0" in shared.run("hosts").stdout
+
+    mermaid = shared.run("topology", "export", "--format", "mermaid")
+    assert mermaid.exit_code == 0 and "team/planner" in mermaid.stdout
+    assert json.loads(shared.run("topology", "export", "--format", "json").stdout)
+    reconciled = shared.data("topology", "reconcile", "--json")
+    assert reconciled["wired"] == [] and reconciled["failures"] == []
+
+    workflow = rf.Workflow("cli-wf")
+    workflow.step("hello", to="greeter/1", call="greet", payload={"name": "runs"})
+    outcome = shared.fleet.run(workflow)
+    assert outcome.status is rf.RunStatus.COMPLETED, str(outcome.error)
+    assert [run["run_id"] for run in shared.data("runs", "list", "--json")] == [outcome.run_id]
+    assert shared.data("runs", "list", "--status", "failed", "--json") == []
+    assert shared.data("runs", "show", outcome.run_id, "--json")["status"] == "COMPLETED"
+    assert outcome.run_id in shared.run("runs", "show", outcome.run_id).stdout
+    for verb in ("pause", "resume", "cancel"):
+        assert shared.data("runs", verb, outcome.run_id, "--json")["run_id"] == outcome.run_id
+    refused(shared.run("runs", "show", "no-such-run"), 2, "there is no run 'no-such-run'")
+    refused(shared.run("runs", "cancel", "no-such-run"), 2, "there is no run")
+
+    stray = shared.storage / "snapshots" / "Greeter" / "rayfleet-host-9-stray.arrow"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"not referenced by any identity")
+    os.utime(stray, (1_000_000_000, 1_000_000_000))
+    deleted = shared.data("gc", "--min-age", "0", "--json")["deleted"]
+    assert "snapshots/Greeter/rayfleet-host-9-stray.arrow" in deleted and not stray.exists()
+
+    refused(shared.run("drain", "rayfleet-host-7"), 2, "has no host 'rayfleet-host-7'", "rayfleet-host-0")
+    drained = shared.data("drain", "rayfleet-host-0", "--timeout", "20", "--json")
+    assert drained["host"] == "rayfleet-host-0" and drained["checkpointed"] >= 1 and not drained["timed_out"]
+    assert shared.data("hosts", "--json")[0]["draining"] is True
+    assert shared.run("undrain", "rayfleet-host-0").exit_code == 0
+    assert shared.data("send", "greeter/1", "greet", "--json", '{"name": "after"}').startswith("hello after")
+
+
+@pytest.mark.timeout(120)
+def test_no_fleet_here_creates_nothing_and_apply_starts_one(shared: CliFleet, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    namespace = f"cli-none-{uuid.uuid4().hex[:8]}"
+    where = ("--storage", str(empty), "--namespace", namespace)
+    for args in (["status"], ["list"], ["parked", "a/b"], ["dead-letters", "list"], ["runs", "list"],
+                 ["runs", "show", "r"], ["topology", "export"], ["hosts"], ["send", "a/b", "m"]):
+        refused(invoke(*where, *args), 2, "no fleet to attach to", "no fleet.json")
+    assert list(empty.iterdir()) == []
+    # The shared fleet's storage, but a namespace it does not run in: refused, and no ledger actor appears.
+    refused(invoke("--storage", str(shared.storage), "--namespace", namespace, "hosts"), 2,
+            f"does not run in Ray namespace {namespace!r}")
+    with pytest.raises(ValueError, match="Failed to look up actor"):
+        ray.get_actor("rayfleet-ledger", namespace=namespace)
+
+    # apply is the command that starts a fleet where there is none.
+    created = invoke(*where, "apply", ROSTER, "--hosts", "1", "--json")
     try:
-        fleet.spawn("greeter/1", Greeter)
-        common = ("--storage", str(storage), "--namespace", namespace)
-        assert run(capsys, *common, "send", "greeter/1", "greet", "--json", '{"name": "ada"}') == (0, "hello ada")
-        code, statuses = run(capsys, *common, "status")
-        assert code == 0 and [s["identity"] for s in statuses] == ["greeter/1"]  # type: ignore[union-attr,index]
-        code, error = run(capsys, *common, "send", "greeter/1", "greet", "--json", "{not json")
-        assert code == 2 and "--json is not valid JSON" in str(error)
-        code, error = run(capsys, *common, "send", "greeter/1", "greet", "--json", '{"name": 3.5}')
-        assert code == 2 and "not valid" in str(error)
-        code, letters = run(capsys, *common, "dead-letters", "list")
-        assert code == 0 and [letter["reason"] for letter in letters] == ["DECODE_FAILED"]  # type: ignore[index,union-attr]
-        assert run(capsys, *common, "pause", "greeter/1")[0] == 0
-        assert fleet.status("greeter/1").paused
-        code, resumed = run(capsys, *common, "resume", "greeter/1")
-        assert code == 0 and resumed == {"resumed": "greeter/1", "replayed": 0}
-        code, error = run(capsys, *common, "status", "nobody/here")
-        assert code == 2 and "unknown identity" in str(error)
-        roster = str(Path(__file__).resolve().parents[2] / "examples" / "team.yaml")
-        code, preview = run(capsys, *common, "apply", roster, "--dry-run")
-        assert code == 0 and preview["dry_run"] and len(preview["created"]) == 3  # type: ignore[index]
-        code, applied = run(capsys, *common, "apply", roster)
-        assert code == 0 and len(applied["topology"]["wired"]) == 2  # type: ignore[index]
-        assert main([*common, "topology", "export", "--format", "mermaid"]) == 0
-        assert "team/planner" in capsys.readouterr().out
-        workflow = rf.Workflow("cli-wf")
-        workflow.step("hello", to="greeter/1", call="greet", payload={"name": "runs"})
-        outcome = fleet.run(workflow)
-        assert outcome.status is rf.RunStatus.COMPLETED, str(outcome.error.__cause__ or outcome.error)
-        code, runs = run(capsys, *common, "runs", "list")
-        assert code == 0 and [r["run_id"] for r in runs] == [outcome.run_id]  # type: ignore[index,union-attr]
-        code, shown = run(capsys, *common, "runs", "show", outcome.run_id)
-        assert code == 0 and shown["status"] == "COMPLETED"  # type: ignore[index]
-        code, error = run(capsys, *common, "runs", "show", "no-such-run")
-        assert code == 2 and "no run" in str(error)
+        assert created.exit_code == 0, created.output
+        assert (empty / "fleet.json").is_file()
+        assert [host["name"] for host in json.loads(invoke(*where, "hosts", "--json").stdout)] == ["rayfleet-host-0"]
+        listed = json.loads(invoke(*where, "list", "--json").stdout)
+        assert [agent["identity"] for agent in listed] == ["team/planner", "team/researcher-history",
+                                                           "team/researcher-physics"]
     finally:
-        fleet.shutdown(stop_actors=True)
+        rf.connect(storage=empty, namespace=namespace, create=False).shutdown(stop_actors=True)
+
+    # Every command above attached to the shared fleet and left it running.
+    assert shared.fleet.agent("greeter/3").call("greet", name="still").startswith("hello still")
 
 
 @pytest.mark.timeout(180)
@@ -83,17 +243,23 @@ def test_job_entrypoint_runs_the_demo(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.timeout(120)
-def test_cli_reaches_a_postgresql_ledger_and_refuses_a_bad_ledger_url(
-    postgres_ledger: str, storage: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_reaches_a_postgresql_ledger_and_refuses_a_bad_ledger_url(postgres_ledger: str, storage: Path) -> None:
     namespace = f"cli-{uuid.uuid4().hex[:8]}"
     fleet = rf.connect(storage=storage, ledger=postgres_ledger, namespace=namespace, hosts=1)
     try:
         fleet.spawn("greeter/pg", Greeter)
-        common = ("--storage", str(storage), "--namespace", namespace, "--ledger", postgres_ledger)
-        assert run(capsys, *common, "send", "greeter/pg", "greet", "--json", '{"name": "pg"}') == (0, "hello pg")
-        code, message = run(capsys, "--storage", str(storage), "--namespace", f"cli-{uuid.uuid4().hex[:8]}",
-                            "--ledger", "mysql://db/x", "status")
-        assert code == 2 and "sqlite:///" in str(message) and "postgresql://" in str(message)
+        pg = CliFleet(fleet, storage, namespace)
+        result = pg.run("send", "greeter/pg", "greet", "--json", '{"name": "pg"}', ledger=postgres_ledger)
+        assert result.exit_code == 0 and json.loads(result.stdout) == "hello pg #1"
+        refused(pg.run("status", ledger="mysql://db/x"), 2, "sqlite:///", "postgresql://")
     finally:
         fleet.shutdown(stop_actors=True)
+
+
+@pytest.mark.timeout(180)
+def test_demo_command_runs_the_demo(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["demo"], prog_name="rayfleet",
+                                env={"RAY_ADDRESS": None, "RAYFLEET_STORAGE": str(tmp_path / "demo-store")})
+    assert result.exit_code == 0, result.output
+    assert "Demo passed" in result.stdout
+    assert (tmp_path / "demo-store" / "fleet.json").is_file()  # the storage came from RAYFLEET_STORAGE

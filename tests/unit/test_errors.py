@@ -68,6 +68,7 @@ SUBSYSTEMS = tuple(LEAVES)
 ROOT_LEAVES = [
     rf.InvalidSpecError("identity '' is empty", field="identity"),
     rf.FleetUnavailableError(detail="no hosts"),
+    rf.FleetNotFoundError(missing="the storage /s holds no fleet (no fleet.json)", remedy="point it at the fleet's storage"),
     rf.InternalError(detail="a retry loop ended without an attempt"),
 ]
 ALL_ERRORS = [error for leaves in LEAVES.values() for error in leaves] + ROOT_LEAVES
@@ -164,6 +165,7 @@ def test_invalid_spec_error_names_its_field() -> None:
         (rf.ModelTimeoutError(url=URL, timeout=1.0), "timeout="),
         (rf.ModelUnavailableError(url=URL, attempts=2, last_failure="x"), "raise max_retries"),
         (rf.InternalError(detail="x"), "please report it"),
+        (rf.FleetNotFoundError(missing="no cluster", remedy="start one with ray start"), "start one with ray start"),
         (rf.NotInAgentContextError(attribute="identity"), "fleet.spawn()"),
     ],
 )

@@ -26,7 +26,7 @@ EXPECTED_NAMES = {
     "DeliveryError", "IdentityError", "InternalError", "ModelError", "ModelRequestError", "ModelResponseError",
     "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
     "WorkflowError", "RunOwnedElsewhereError", "StaleRunTokenError",
-    "FleetMismatchError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
+    "FleetMismatchError", "FleetNotFoundError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
     "StorageError", "StorageUnavailableError",
 }
 
