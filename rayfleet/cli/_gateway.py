@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from ._exit import CommandError
 from ._session import FleetOptions, open_fleet, pass_options
 
 
@@ -23,19 +22,14 @@ def parse_modules(ctx: click.Context, param: click.Parameter, text: str | None) 
               help="Bearer token clients must send (give it through RAYFLEET_GATEWAY_TOKEN, not the command line).")
 @click.option("--allowed-modules", envvar="RAYFLEET_ALLOWED_MODULES", callback=parse_modules, default=None,
               metavar="MODULES", show_envvar=True,
-              help="Comma-separated modules a roster applied over HTTP may name agent classes from "
-                   "(default: only classes the fleet already knows).")
+              help="Comma-separated modules whose agent classes (in rosters) and workflows (in run "
+                   "submissions) HTTP clients may name (default: only classes the fleet already knows, no workflows).")
 @pass_options
 def gateway(options: FleetOptions, host: str, port: int, insecure: bool, token: str | None,
             allowed_modules: tuple[str, ...] | None) -> None:
     """Serve the fleet's JSON API over HTTP until interrupted (bearer token from RAYFLEET_GATEWAY_TOKEN)."""
-    try:
-        from ..gateway import serve
-    except ImportError as error:
-        if error.name != "rayfleet.gateway":
-            raise  # the gateway is there, but something it needs is not
-        raise CommandError("this rayfleet has no HTTP gateway (rayfleet.gateway is missing); upgrade rayfleet"
-                           ) from None
+    from ..gateway import serve  # aiohttp and the API models load only for this command
+
     # Like `apply`, the gateway may create the fleet: a roster applied over HTTP is one way to start one.
     with open_fleet(options, create=True) as fleet:
         serve(fleet, host=host, port=port, token=token, insecure=insecure, allowed_modules=allowed_modules)

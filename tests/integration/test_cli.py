@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import ray
 from click.testing import CliRunner, Result
@@ -197,6 +198,21 @@ def test_apply_topology_runs_hosts_gc_and_drain(shared: CliFleet) -> None:
     assert shared.data("hosts", "--json")[0]["draining"] is True
     assert shared.run("undrain", "rayfleet-host-0").exit_code == 0
     assert shared.data("send", "greeter/1", "greet", "--json", '{"name": "after"}').startswith("hello after")
+
+
+@pytest.mark.timeout(120)
+def test_export_writes_a_parquet_dataset_of_the_committed_states(shared: CliFleet, tmp_path: Path) -> None:
+    shared.data("send", "greeter/3", "greet", "--json", '{"name": "eve"}')
+    out = tmp_path / "export"
+    report = shared.data("export", str(out), "--json")
+    [greeters] = [name for name in report["tables"] if name.endswith(".Greeter")]
+    assert report["path"] == str(out) and report["tables"][greeters] >= 1
+    rows = {row["identity"]: row for row in pq.read_table(out / greeters).to_pylist()}
+    assert "eve" in rows["greeter/3"]["greeted"]
+    assert rows["greeter/3"]["fencing_token"] >= 1 and rows["greeter/3"]["checkpoint_version"] >= 1
+    table = shared.run("export", str(tmp_path / "again"))
+    assert table.exit_code == 0 and greeters in table.stdout
+    refused(shared.run("export", str(tmp_path / "again" / greeters)), 2)  # a folder holding other data
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,7 @@
+"""``python -m rayfleet.cli``: the ``rayfleet`` command, for where the console script is not on PATH."""
+
+from __future__ import annotations
+
+from ._main import main
+
+raise SystemExit(main())
