@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
 from ..roster import roster_json_schema
-from ._output import Column, emit_json, emit_table, json_option, working
+from ._output import Column, counting, emit_json, emit_table, json_option, working
 from ._session import FleetOptions, open_fleet, pass_options
 
 
@@ -23,8 +24,11 @@ from ._session import FleetOptions, open_fleet, pass_options
 def apply(options: FleetOptions, roster: Path, dry_run: bool, prune: bool, hosts: int | None, as_json: bool) -> None:
     """Make the fleet match ROSTER (a YAML file), idempotently; creates the fleet if there is none."""
     # The one command (with `gateway`) that may create a fleet: applying a roster is how one starts.
-    with working(f"applying {roster.name}"), open_fleet(options, create=True, hosts=hosts) as fleet:
-        report = fleet.apply(roster, dry_run=dry_run, prune=prune)
+    with contextlib.ExitStack() as stack:
+        with working("connecting to the fleet"):
+            fleet = stack.enter_context(open_fleet(options, create=True, hosts=hosts))
+        with counting(f"applying {roster.name}") as progress:
+            report = fleet.apply(roster, dry_run=dry_run, prune=prune, progress=progress)
     if as_json:
         emit_json(report)
         return

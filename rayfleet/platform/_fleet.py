@@ -426,12 +426,16 @@ class Fleet:
             self._courier.route_sync(identity, lambda host: host.activate.remote(identity), method="activate")
         return ref
 
-    def spawn_many(self, specs: Iterable[AgentSpec], *, batch: int = SPAWN_BATCH) -> list[AgentRef]:
+    def spawn_many(
+        self, specs: Iterable[AgentSpec], *, batch: int = SPAWN_BATCH,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[AgentRef]:
         """Create many agents in a few ledger transactions (idempotent, like :meth:`spawn`); refs in order.
 
         Every spec is validated before anything is written; each batch of ``batch``
         specs is one transaction, so a batch applies whole or not at all. Identities
-        whose peers are declared are wired afterwards, in one reconcile.
+        whose peers are declared are wired afterwards, in one reconcile. ``progress``
+        is called with (specs registered, total) after each batch.
 
         Raises:
             InvalidSpecError: a spec is not an ``AgentSpec``, an identity repeats, or an
@@ -453,19 +457,24 @@ class Fleet:
             chunk = specs[start:start + batch]
             outcomes = self._ledger.register_many([spec_record(spec) for spec in chunk]).result()
             wire = wire or any(o.created and (s.peers or o.awaited) for s, o in zip(chunk, outcomes, strict=True))
+            if progress is not None:
+                progress(start + len(chunk), len(specs))
         if wire:
             self.topology.reconcile()
         return [AgentRef(self._courier, spec.identity) for spec in specs]
 
     def apply(
         self, roster: str | os.PathLike[str] | list[AgentSpec] | list[dict[str, Any]], *, dry_run: bool = False,
-        prune: bool = False,
+        prune: bool = False, progress: Callable[[int, int], None] | None = None,
     ) -> ApplyReport:
         """Make the fleet match a roster (a YAML file or a list of specs), idempotently.
 
         Creates missing identities, updates changed specs (labels, peers,
         addressability, ...), and with ``prune=True`` retires identities the roster
         does not list; then reconciles the topology. ``dry_run=True`` only reports.
+        ``progress`` is called with (steps done, total): the one ledger write of every
+        creation and update, each updated agent's deactivation, each retirement, the
+        reconcile.
 
         Raises:
             InvalidSpecError: naming the file and line, or the identity, of the first
@@ -486,17 +495,30 @@ class Fleet:
         if dry_run:
             return ApplyReport(created=created, updated=updated, unchanged=tuple(change.unchanged), retired=to_retire,
                                topology=None, dry_run=True)
+        total, done = 2 + len(change.update) + len(to_retire), 0
+
+        def step() -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(done, total)
+
         self._ledger.apply_specs(
             creates=[spec_record(spec) for spec in change.create],
             updates=[spec_record(spec) for spec, _ in change.update],
         ).result()
+        step()
         for spec, _ in change.update:
             # The owner reloads the new spec when the agent next activates.
             self.deactivate(spec.identity)
+            step()
         for identity in to_retire:
             self.retire(identity, reconcile=False)
+            step()
+        topology = self.topology.reconcile()
+        step()
         return ApplyReport(created=created, updated=updated, unchanged=tuple(change.unchanged), retired=to_retire,
-                           topology=self.topology.reconcile(), dry_run=False)
+                           topology=topology, dry_run=False)
 
     def agent(self, identity: str) -> AgentRef:
         """A ref to an existing agent by name (existence is checked on first use)."""

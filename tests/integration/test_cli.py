@@ -153,6 +153,10 @@ def test_pause_parked_resume_and_dead_letters(shared: CliFleet) -> None:
 
 @pytest.mark.timeout(180)
 def test_apply_topology_runs_hosts_gc_and_drain(shared: CliFleet) -> None:
+    steps: list[tuple[int, int]] = []
+    shared.fleet.apply([rf.AgentSpec(identity="greeter/4", agent=Greeter)],
+                       progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(1, 2), (2, 2)]  # the ledger write, the reconcile: what the apply progress bar shows
     preview = shared.data("apply", ROSTER, "--dry-run", "--json")
     assert preview["dry_run"] and len(preview["created"]) == 3 and preview["topology"] is None
     applied = shared.data("apply", ROSTER, "--json")

@@ -80,8 +80,10 @@ def test_spawn_many_creates_thousands_in_a_few_transactions(make_any_fleet: Any)
     fleet: rf.Fleet = make_any_fleet()
     specs = [rf.AgentSpec(identity=f"bulk/{index}", agent=Counter, labels={"shard": str(index % 4)})
              for index in range(3_000)]
-    refs = fleet.spawn_many(specs, batch=1_000)
+    seen: list[tuple[int, int]] = []
+    refs = fleet.spawn_many(specs, batch=1_000, progress=lambda done, total: seen.append((done, total)))
     assert [ref.identity for ref in refs] == [spec.identity for spec in specs]
+    assert seen == [(1_000, 3_000), (2_000, 3_000), (3_000, 3_000)]  # what `rayfleet` shows as a progress bar
     assert len(fleet.list_agents(labels={"shard": "3"})) == 750
     assert fleet.spawn_many(specs[:10]) and len(fleet.list_agents()) == 3_000  # idempotent
     assert refs[1234].call(Counter.add, n=5) == 5
