@@ -7,7 +7,11 @@ also proves it gave up before reaching Ray.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -39,7 +43,33 @@ def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), env={"RAY_ADDRESS": None, **(env or {})}, prog_name="rayfleet")
 
 
-def assert_refused(result: Result, *words: str) -> None:
+@dataclass(frozen=True)
+class Finished:
+    """A ``rayfleet`` run in a process of its own, shaped like click's ``Result`` for :func:`assert_refused`."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    exception: None = None
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_command(*args: str, env: dict[str, str] | None = None) -> Finished:
+    """Run the command as a user does, in a fresh process: one whose Ray is not already started.
+
+    (In the whole suite this process has the session's Ray, and ``connect`` uses the Ray
+    a process is already connected to.)
+    """
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env or {})
+    done = subprocess.run([sys.executable, "-m", "rayfleet.cli", *args], env=environment, capture_output=True,
+                          text=True, timeout=120)
+    return Finished(done.returncode, done.stdout, done.stderr)
+
+
+def assert_refused(result: Result | Finished, *words: str) -> None:
     assert result.exit_code == 2, (result.exit_code, result.output)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "Traceback" not in result.output
@@ -152,13 +182,12 @@ def test_the_storage_comes_from_rayfleet_storage(tmp_path: Path) -> None:
     assert_refused(result, f"the storage {tmp_path} holds no fleet")
 
 
-def test_no_cluster_exits_2_saying_to_start_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_cluster_exits_2_saying_to_start_one(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     storage.mkdir()
     (storage / "fleet.json").write_text(json.dumps({"fleet_id": "fleet-unit", "format": 1}))
     # Ray finds a `ray start` cluster through the address file under its temp folder: none here.
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray-tmp"))
-    result = invoke("--storage", str(storage), "status")
+    result = run_command("--storage", str(storage), "status", env={"RAY_TMPDIR": str(tmp_path / "ray-tmp")})
     assert_refused(result, "no running Ray cluster", "ray start --head", "--address")
     assert result.stderr.count("\n") == 1
     assert sorted(path.name for path in storage.iterdir()) == ["fleet.json"]
@@ -172,7 +201,7 @@ def test_an_address_where_nothing_listens_exits_2_at_once(tmp_path: Path) -> Non
     storage.mkdir()
     (storage / "fleet.json").write_text(json.dumps({"fleet_id": "fleet-unit", "format": 1}))
     for args in (["--storage", str(storage), "hosts"], ["--storage", str(tmp_path / "new"), "apply", __file__]):
-        result = invoke("--address", f"127.0.0.1:{port}", *args)
+        result = run_command("--address", f"127.0.0.1:{port}", *args)
         assert_refused(result, f"nothing answers at the Ray address '127.0.0.1:{port}'", "--address")
         assert result.stderr.count("\n") == 1
     assert not (tmp_path / "new").exists()  # apply gave up before creating anything
