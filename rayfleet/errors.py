@@ -319,10 +319,11 @@ class StaleCheckpointVersionError(IdentityError):
 
 
 class SnapshotError(IdentityError):
-    """A checkpoint file is missing, corrupt, or does not fit the agent's State.
+    """A checkpoint (a snapshot file, or a small State kept in the ledger) is missing, corrupt, or unfit.
 
     Attributes:
-        location: where the snapshot was looked for.
+        location: where the snapshot was looked for: ``<file>#<row>``, or
+            ``ledger:<identity>`` for a State kept in the ledger.
         detail: what is wrong with it.
     """
 
@@ -330,9 +331,10 @@ class SnapshotError(IdentityError):
     detail: str
 
     def __init__(self, *, identity: str, location: str, detail: str) -> None:
+        repair = "Deploy a State class that reads it" if location.startswith("ledger:") else "Restore the file"
         super().__init__(
             f"snapshot of {identity!r} at {location} cannot be used: {detail}. "
-            f"Restore the file and call fleet.respawn({identity!r}), or fleet.reset({identity!r}) "
+            f"{repair} and call fleet.respawn({identity!r}), or fleet.reset({identity!r}) "
             f"to start from a fresh State.",
             identity=identity,
             location=location,

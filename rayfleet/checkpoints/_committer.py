@@ -3,6 +3,11 @@
 Checkpoints submitted while a commit is in flight wait and go out together in the
 next one, so under load the cost of a file write and a ledger round trip is shared
 by every agent that checkpointed in that window, and an idle host adds no delay.
+
+A small batch of small States skips the file: each State travels inline in the
+ledger's commit, so the turn pays one durable write (the ledger's) instead of a file,
+its fsyncs and then the ledger's. Large States, and batches large enough that one
+file is cheaper than many ledger rows, go to a file.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pydantic
 
 from ..errors import LedgerUnavailableError, RayfleetError
@@ -19,6 +25,11 @@ from ..identity._values import SnapshotPointer
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import CheckpointCommit
 from ._store import SnapshotRow, SnapshotStore
+
+INLINE_STATE_BYTES = 16 * 1024
+"""Default limit: a State whose one-row Arrow encoding is at most this large may travel in the ledger's commit."""
+INLINE_BATCH_ROWS = 8
+"""Batches of more States of one class than this go to one file (shared by all) rather than ledger rows."""
 
 
 @dataclass(slots=True)
@@ -48,14 +59,21 @@ class GroupCommitter:
       was lost.
 
     Files are written before pointers move, so a committed pointer never names a
-    file that is not there.
+    file that is not there. Files are written on a worker thread: the event loop
+    keeps serving turns meanwhile.
     """
 
     def __init__(
         self, *, writer: str, ledger: LedgerClient, snapshots: SnapshotStore,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int], None] | None = None, inline_limit: int = INLINE_STATE_BYTES,
     ) -> None:
-        """``on_batch`` hears the size of every batch the ledger accepted (for metrics); it must not block."""
+        """``on_batch`` hears the size of every batch the ledger accepted (for metrics); it must not block.
+
+        ``inline_limit``: States of at most this many encoded bytes travel in the
+        ledger's commit (in batches of at most :data:`INLINE_BATCH_ROWS` per class); 0
+        writes every State to a file.
+        """
+        self._inline_limit = inline_limit
         self._writer = writer
         self._on_batch = on_batch
         self._ledger = ledger
@@ -110,13 +128,22 @@ class GroupCommitter:
         for state_class, items in groups.items():
             rows = [SnapshotRow(identity=i.identity, version=i.version, state=i.state, extra=i.extra) for i in items]
             try:
-                path = self._snapshots.write_batch(group=_group_name(state_class), writer=self._writer, rows=rows)
+                encoded = self._snapshots.encode(rows)
+                pointers = self._inline(encoded, [row.version for row in rows])
+                to_file = [row for row, pointer in enumerate(pointers) if pointer is None]
+                if to_file:
+                    part = encoded if len(to_file) == len(rows) else encoded.take(pa.array(to_file, type=pa.int64()))
+                    path = await asyncio.to_thread(
+                        self._snapshots.write_batch, group=_group_name(state_class), writer=self._writer, rows=part,
+                    )
+                    for file_row, row in enumerate(to_file):
+                        pointers[row] = SnapshotPointer(file=path, row=file_row, version=rows[row].version)
             except Exception as error:  # noqa: BLE001 - any storage failure fails these checkpoints, not the host
                 for item in items:
                     item.done.set_exception(error)
                 continue
-            for row, item in enumerate(items):
-                pointer = SnapshotPointer(file=path, row=row, version=item.version)
+            for item, pointer in zip(items, pointers, strict=True):
+                assert pointer is not None  # every row is inline or in the file written above
                 commits.append(CheckpointCommit(
                     identity=item.identity, fencing_token=item.fencing_token, version=item.version, pointer=pointer,
                     dedup=item.dedup, dedup_capacity=item.dedup_capacity,
@@ -152,6 +179,21 @@ class GroupCommitter:
             else:
                 self.checkpoints += 1
                 item.done.set_result(commit.pointer)
+
+
+    def _inline(self, batch: pa.RecordBatch, versions: list[int]) -> list[SnapshotPointer | None]:
+        """Per row of ``batch`` (at ``versions``): its inline pointer, or ``None`` when that row goes to a file."""
+        if not 0 < batch.num_rows <= INLINE_BATCH_ROWS or self._inline_limit <= 0:
+            return [None] * batch.num_rows
+        pointers: list[SnapshotPointer | None] = []
+        schema_message = batch.schema.serialize().to_pybytes()
+        for row, version in enumerate(versions):
+            data = self._snapshots.inline(batch, row, schema_message=schema_message)
+            pointers.append(
+                SnapshotPointer(file="", row=0, version=version, inline=data) if len(data) <= self._inline_limit
+                else None
+            )
+        return pointers
 
 
 def _group_name(state_class: type) -> str:

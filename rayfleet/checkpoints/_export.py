@@ -16,8 +16,8 @@ Arrow cannot hold are their cloudpickle bytes, as in the snapshots.
 What is and is not a row: every identity with a committed checkpoint, retired and
 broken ones included (with their last committed State). An identity that never
 committed a checkpoint in its generation has no committed State and no row; the
-report counts it in ``uncheckpointed``. One whose snapshot file cannot be read is
-left out and named in ``unreadable``.
+report counts it in ``uncheckpointed``. One whose snapshot (a file, or a small State
+kept in the ledger) cannot be read is left out and named in ``unreadable``.
 
 Memory: identities are read from the ledger a page at a time and written a page at a
 time (one Parquet row group per page); only the list of snapshot files per class is
@@ -215,6 +215,8 @@ def export_fleet(
     destination = _Destination(path)
     # Pass 1: which snapshot files each class's rows live in, to settle each table's schema up front.
     files: defaultdict[str, set[str]] = defaultdict(set)
+    # States kept in the ledger carry their schema; the distinct ones per class (by their bytes).
+    inline_schemas: defaultdict[str, dict[bytes, tuple[pa.Schema, frozenset[str]]]] = defaultdict(dict)
     counts: defaultdict[str, int] = defaultdict(int)
     uncheckpointed = 0
     total = 0
@@ -223,9 +225,18 @@ def export_fleet(
             total += 1
             if row.snapshot is None:
                 uncheckpointed += 1
-            else:
+                continue
+            counts[row.agent_class] += 1
+            files.setdefault(row.agent_class, set())  # a class whose States are all in the ledger has a table too
+            if row.snapshot.inline is None:
                 files[row.agent_class].add(row.snapshot.file)
-                counts[row.agent_class] += 1
+                continue
+            try:
+                schema, pickled = snapshots.inline_schema(row.snapshot.inline)
+            except SnapshotError as error:
+                log.warning("export: %s: %s", row.identity, error.message)
+                continue
+            inline_schemas[row.agent_class].setdefault(schema.serialize().to_pybytes(), (schema, pickled))
     done = uncheckpointed
     if progress is not None:
         progress(done, total)
@@ -238,6 +249,7 @@ def export_fleet(
                 schemas.append(snapshots.read_schema(file))
             except SnapshotError as error:
                 log.warning("export: %s", error.message)
+        schemas += inline_schemas[agent_class].values()
         columns = _plan_columns(schemas)
         schema = pa.schema([*_META_FIELDS, *(pa.field(c.name, c.arrow_type) for c in columns.values())])
         name = table_name(agent_class)
@@ -269,13 +281,32 @@ def _page_table(
 ) -> tuple[pa.Table, list[str]]:
     """One page's rows (in identity order) as a table of ``schema``; identities whose snapshot failed are returned."""
     by_file: defaultdict[str, list[int]] = defaultdict(list)
+    in_ledger: list[int] = []
     for index, row in enumerate(rows):
         assert row.snapshot is not None
-        by_file[row.snapshot.file].append(index)
+        if row.snapshot.inline is not None:
+            in_ledger.append(index)
+        else:
+            by_file[row.snapshot.file].append(index)
     parts: list[pa.Table] = []
     order: list[int] = []
     missing: list[str] = []
     state_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in columns.values()])
+    # All of the page's States kept in the ledger at once; should one be unreadable, one at
+    # a time, so that it leaves out only its own identity.
+    try:
+        tables = _inline_tables(rows, in_ledger, snapshots)
+    except SnapshotError:
+        tables = []
+        for index in in_ledger:
+            try:
+                tables += _inline_tables(rows, [index], snapshots)
+            except SnapshotError as error:
+                log.warning("export: left out %s: %s", rows[index].identity, error.message)
+                missing.append(rows[index].identity)
+    for state, indexes in tables:
+        parts.append(pa.Table.from_arrays(_conform(state, columns), schema=state_schema))
+        order += indexes
     for file, indexes in by_file.items():
         chosen = [rows[i] for i in indexes]
         try:
@@ -302,6 +333,20 @@ def _page_table(
     table = pa.Table.from_arrays([*head, *state_part.columns], schema=schema)
     # Rows were gathered file by file; put them back in identity order.
     return table.take(pa.array(sorted(range(len(kept)), key=lambda i: kept[i].identity), type=pa.int64())), missing
+
+
+def _inline_tables(
+    rows: list[CheckpointRow], indexes: list[int], snapshots: SnapshotStore,
+) -> list[tuple[pa.Table, list[int]]]:
+    """The ledger-kept States of ``rows[i]`` for ``i`` in ``indexes``: State-column tables with their row indexes."""
+    if not indexes:
+        return []
+    chosen = [rows[i] for i in indexes]
+    blobs = [r.snapshot.inline for r in chosen if r.snapshot is not None and r.snapshot.inline is not None]
+    tables = snapshots.read_inline_rows(
+        blobs, identities=[r.identity for r in chosen], versions=[r.checkpoint_version for r in chosen],
+    )
+    return [(table, [indexes[i] for i in picked]) for table, picked in tables]
 
 
 def _method_of(letter: StoredMessage) -> str | None:

@@ -7,7 +7,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -74,21 +74,15 @@ class SnapshotStore:
         """The storage root the files live on."""
         return self._storage
 
-    def write_batch(self, *, group: str, writer: str, rows: list[SnapshotRow]) -> str:
-        """Write ``rows`` as one new immutable file; returns its path relative to the root.
-
-        Row ``i`` of the file is ``rows[i]``. The file appears under its final name
-        only once complete (on local disks fsynced; on object stores uploaded in one
-        piece), so a path returned here can be committed safely.
+    def encode(self, rows: list[SnapshotRow]) -> pa.RecordBatch:
+        """``rows`` as one record batch (row ``i`` is ``rows[i]``), as :meth:`write_batch` stores it.
 
         Raises:
             InvalidSpecError (a ValueError): if ``rows`` is empty, mixes State
                 classes, or holds a version outside int64 or non-bytes ``extra``.
-            StorageUnavailableError: if the filesystem refuses the write (full, read-only,
-                unreachable); nothing is left under the final name.
         """
         if not rows:
-            raise InvalidSpecError("write_batch needs at least one row", field="rows")
+            raise InvalidSpecError("a snapshot batch needs at least one row", field="rows")
         state_class = type(rows[0].state)
         if any(type(row.state) is not state_class for row in rows):
             raise InvalidSpecError("all rows of one batch must share one State class", field="rows")
@@ -104,7 +98,21 @@ class SnapshotStore:
             EXTRA_COLUMN: pa.array([row.extra for row in rows], type=pa.binary()),
         }
         metadata = {META_CLASS: codec.class_path.encode(), META_PICKLED: json.dumps(sorted(pickled)).encode()}
-        batch = pa.RecordBatch.from_pydict(head | columns).replace_schema_metadata(metadata)
+        return pa.RecordBatch.from_pydict(head | columns).replace_schema_metadata(metadata)
+
+    def write_batch(self, *, group: str, writer: str, rows: list[SnapshotRow] | pa.RecordBatch) -> str:
+        """Write ``rows`` (or a batch :meth:`encode` made) as one new immutable file; returns its relative path.
+
+        Row ``i`` of the file is ``rows[i]``. The file appears under its final name
+        only once complete (on local disks fsynced; on object stores uploaded in one
+        piece), so a path returned here can be committed safely.
+
+        Raises:
+            InvalidSpecError (a ValueError): as :meth:`encode`.
+            StorageUnavailableError: if the filesystem refuses the write (full, read-only,
+                unreachable); nothing is left under the final name.
+        """
+        batch = rows if isinstance(rows, pa.RecordBatch) else self.encode(rows)
         with self._lock:
             self._counter += 1
             name = f"{safe_name(writer)}-{self._token}-{self._counter:08d}.arrow"
@@ -120,6 +128,64 @@ class SnapshotStore:
             raise StorageUnavailableError(root=self._storage.display, detail=redact(str(error))) from error
         return relative
 
+    @staticmethod
+    def inline(batch: pa.RecordBatch, row: int, *, schema_message: bytes | None = None) -> bytes:
+        """Row ``row`` of ``batch`` as a self-contained Arrow IPC stream: a State that travels in the ledger.
+
+        The stream is the schema message, the row's record batch message and the
+        end-of-stream marker, as ``pyarrow.ipc.new_stream`` writes it; a caller encoding
+        many rows of one batch passes ``batch.schema.serialize()`` once as ``schema_message``.
+        """
+        head = schema_message if schema_message is not None else batch.schema.serialize().to_pybytes()
+        data: bytes = head + batch.slice(row, 1).serialize().to_pybytes() + _END_OF_STREAM
+        return data
+
+    def read_inline(
+        self, data: bytes, state_class: type[pydantic.BaseModel], *, identity: str, version: int
+    ) -> tuple[pydantic.BaseModel, bytes]:
+        """Return ``(state, extra)`` from a State :meth:`inline` encoded, checked as :meth:`read_row` checks a file row.
+
+        Raises:
+            SnapshotError: the bytes are not a rayfleet snapshot of ``identity`` at
+                ``version``, or do not fit ``state_class``. ``location`` is ``"ledger:<identity>"``.
+        """
+        location = f"ledger:{identity}"
+        table = _checked(lambda: ipc.open_stream(pa.py_buffer(data)).read_all(), identity=identity, location=location,
+                         what=_IN_LEDGER)
+        return self._state_of(table, 0, state_class, identity=identity, version=version, location=location)
+
+    def inline_schema(self, data: bytes) -> tuple[pa.Schema, frozenset[str]]:
+        """The State columns of an inline State and the fields pickled in it (as :meth:`read_schema`)."""
+        try:
+            schema = ipc.open_stream(pa.py_buffer(data)).schema
+        except (pa.ArrowException, ValueError) as error:
+            raise SnapshotError(identity="", location="ledger", detail=f"not an Arrow IPC stream ({error})") from None
+        return _state_part(schema)
+
+    def read_inline_rows(
+        self, blobs: list[bytes], *, identities: list[str], versions: list[int],
+    ) -> list[tuple[pa.Table, list[int]]]:
+        """Inline States as tables of State columns: one table per distinct schema, with which of ``blobs`` it holds.
+
+        The schema's metadata is kept (it says which fields were pickled).
+
+        Raises:
+            SnapshotError: a blob is not a rayfleet snapshot of its identity at its version.
+        """
+        groups: dict[pa.Schema, tuple[list[pa.Table], list[int]]] = {}
+        for index, (data, identity, version) in enumerate(zip(blobs, identities, versions, strict=True)):
+            location = f"ledger:{identity}"
+            table = _checked(lambda data=data: ipc.open_stream(pa.py_buffer(data)).read_all(),  # type: ignore[misc]
+                             identity=identity, location=location, what=_IN_LEDGER)
+            _check_row(table, 0, identity=identity, version=version, location=location)
+            parts, indexes = groups.setdefault(table.schema, ([], []))
+            parts.append(table)
+            indexes.append(index)
+        return [
+            (pa.concat_tables(parts).drop_columns([IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN]), indexes)
+            for parts, indexes in groups.values()
+        ]
+
     def read_row(
         self, path: str, row: int, state_class: type[pydantic.BaseModel], *, identity: str, version: int
     ) -> tuple[pydantic.BaseModel, bytes]:
@@ -132,19 +198,13 @@ class SnapshotStore:
         """
         location = f"{path}#{row}"
         table = self._open(path, identity=identity, location=location)
+        return self._state_of(table, row, state_class, identity=identity, version=version, location=location)
 
-        def fail(detail: str) -> SnapshotError:
-            return SnapshotError(identity=identity, location=location, detail=detail)
-
-        if not 0 <= row < table.num_rows:
-            raise fail(f"row {row} is out of range (the file has {table.num_rows} rows)")
-        found_identity = table.column(IDENTITY_COLUMN)[row].as_py()
-        found_version = table.column(VERSION_COLUMN)[row].as_py()
-        if found_identity != identity or found_version != version:
-            raise fail(
-                f"the row holds identity {found_identity!r} version {found_version}, "
-                f"expected {identity!r} version {version}"
-            )
+    @staticmethod
+    def _state_of(
+        table: pa.Table, row: int, state_class: type[pydantic.BaseModel], *, identity: str, version: int, location: str,
+    ) -> tuple[pydantic.BaseModel, bytes]:
+        _check_row(table, row, identity=identity, version=version, location=location)
         state = StateCodec.for_class(state_class).from_row(table, row, identity=identity, location=location)
         return state, table.column(EXTRA_COLUMN)[row].as_py()
 
@@ -209,27 +269,14 @@ class SnapshotStore:
                 self._tables.move_to_end(path)
                 return self._tables[path]
         full = self._storage.full(path)
-        try:
+
+        def load() -> pa.Table:
             if self._storage.local:
-                table = ipc.open_file(pa.memory_map(full)).read_all()
-            else:
-                with self._storage.fs.open_input_file(full) as source:
-                    table = ipc.open_file(source).read_all()
-            # Full validation turns a corrupt body into an error here, not a crash later.
-            table.validate(full=True)
-        except FileNotFoundError:
-            raise SnapshotError(identity=identity, location=location, detail="the file is missing") from None
-        except (pa.ArrowInvalid, ValueError) as error:
-            raise SnapshotError(
-                identity=identity, location=location, detail=f"not a valid Arrow IPC file ({error})"
-            ) from None
-        except (pa.ArrowException, OSError) as error:
-            raise SnapshotError(
-                identity=identity, location=location, detail=f"the file could not be read ({error})"
-            ) from None
-        missing = ", ".join(sorted({IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN} - set(table.column_names)))
-        if missing:
-            raise SnapshotError(identity=identity, location=location, detail=f"not a rayfleet snapshot (no {missing})")
+                return ipc.open_file(pa.memory_map(full)).read_all()
+            with self._storage.fs.open_input_file(full) as source:
+                return ipc.open_file(source).read_all()
+
+        table = _checked(load, identity=identity, location=location)
         with self._lock:
             self._tables[path] = table
             while len(self._tables) > self.cache_size:
@@ -278,3 +325,51 @@ class SnapshotStore:
                 doomed.append(relative)
         self.delete(doomed)
         return sorted(doomed)
+
+
+_IN_LEDGER = "the State kept in the ledger"
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The IPC stream's end marker: a continuation token followed by a zero message length."""
+_ROW_COLUMNS = frozenset({IDENTITY_COLUMN, VERSION_COLUMN, EXTRA_COLUMN})
+
+
+def _checked(load: Callable[[], pa.Table], *, identity: str, location: str, what: str = "the file") -> pa.Table:
+    """``load()``'s table, fully validated, with the row columns every rayfleet snapshot has.
+
+    Raises:
+        SnapshotError: ``what`` (the file, or a State kept in the ledger) is missing,
+            unreadable, not Arrow IPC, or not a rayfleet snapshot.
+    """
+    try:
+        table = load()
+        # Full validation turns a corrupt body into an error here, not a crash later.
+        table.validate(full=True)
+    except FileNotFoundError:
+        raise SnapshotError(identity=identity, location=location, detail=f"{what} is missing") from None
+    except (pa.ArrowInvalid, ValueError) as error:
+        kind = "file" if what == "the file" else "stream"
+        detail = f"{what} is not a valid Arrow IPC {kind} ({error})"
+        raise SnapshotError(identity=identity, location=location, detail=detail) from None
+    except (pa.ArrowException, OSError) as error:
+        raise SnapshotError(
+            identity=identity, location=location, detail=f"{what} could not be read ({error})"
+        ) from None
+    missing = ", ".join(sorted(_ROW_COLUMNS - set(table.column_names)))
+    if missing:
+        raise SnapshotError(identity=identity, location=location, detail=f"not a rayfleet snapshot (no {missing})")
+    return table
+
+
+def _check_row(table: pa.Table, row: int, *, identity: str, version: int, location: str) -> None:
+    """Raise ``SnapshotError`` unless row ``row`` of ``table`` exists and holds ``identity`` at ``version``."""
+    if not 0 <= row < table.num_rows:
+        raise SnapshotError(identity=identity, location=location,
+                            detail=f"row {row} is out of range (the file has {table.num_rows} rows)")
+    found_identity = table.column(IDENTITY_COLUMN)[row].as_py()
+    found_version = table.column(VERSION_COLUMN)[row].as_py()
+    if found_identity != identity or found_version != version:
+        raise SnapshotError(
+            identity=identity, location=location,
+            detail=f"the row holds identity {found_identity!r} version {found_version}, "
+            f"expected {identity!r} version {version}",
+        )

@@ -87,12 +87,12 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
-from ..checkpoints._committer import GroupCommitter
+from ..checkpoints._committer import INLINE_STATE_BYTES, GroupCommitter
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     HandlerError,
@@ -119,7 +119,6 @@ from ..identity._values import (
     EventKind,
     IdentityEvent,
     LeaseDenied,
-    LeaseGrant,
     LifecycleState,
     TopologyPolicy,
     lease_is_healthy,
@@ -178,6 +177,8 @@ class HostStatistics:
     dead_letters: int
     parked: int
     draining: bool
+    ledger_route: str = "direct"
+    """How this host reaches the ledger: ``"direct"`` (its own database connection) or ``"ledger actor"``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -293,6 +294,9 @@ class HostRuntime:
             restarted host never passes for its previous incarnation.
         metrics: where the host's messages, leases and checkpoints are counted for
             dashboards; nothing is reported unless given.
+        inline_limit: States whose Arrow encoding is at most this many bytes are
+            checkpointed inline in the ledger's commit; larger ones (and large group
+            commits) go to snapshot files. 0 writes every checkpoint to a file.
     """
 
     def __init__(
@@ -308,6 +312,7 @@ class HostRuntime:
         wall_clock: Callable[[], float] = time.time,
         incarnation: str | None = None,
         metrics: HostMetrics = NO_METRICS,
+        inline_limit: int = INLINE_STATE_BYTES,
     ) -> None:
         self.name = name
         self._metrics = metrics
@@ -328,7 +333,7 @@ class HostRuntime:
         self._refused_internal: set[str] = set()
         self._events = EventHub()
         self._committer = GroupCommitter(writer=self.holder.replace("@", "-"), ledger=ledger, snapshots=snapshots,
-                                         on_batch=metrics.commit_batch)
+                                         on_batch=metrics.commit_batch, inline_limit=inline_limit)
         # Strong references until done: the event loop keeps only weak ones, and a
         # collected task would silently stop mid-work.
         self._background: set[asyncio.Task[None]] = set()
@@ -406,6 +411,7 @@ class HostRuntime:
             checkpoints=self._committer.checkpoints,
             commit_batches=self._committer.batches,
             draining=self.draining,
+            ledger_route=self._ledger.route,
             **self._counters,
         )
 
@@ -707,10 +713,17 @@ class HostRuntime:
             extra = b""
             if view.snapshot is not None:
                 try:
-                    state, extra = self._snapshots.read_row(
-                        view.snapshot.file, view.snapshot.row, type(agent.state),
-                        identity=identity, version=view.snapshot.version,
-                    )
+                    pointer = view.snapshot
+                    if pointer.in_ledger:
+                        if pointer.inline is None:  # pragma: no cover - an activation's view always carries it
+                            raise InternalError(detail=f"the activation of {identity!r} came without its State")
+                        state, extra = self._snapshots.read_inline(
+                            pointer.inline, type(agent.state), identity=identity, version=pointer.version,
+                        )
+                    else:
+                        state, extra = self._snapshots.read_row(
+                            pointer.file, pointer.row, type(agent.state), identity=identity, version=pointer.version,
+                        )
                 except SnapshotError as error:
                     await self._ledger.set_lifecycle(
                         identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_BROKEN,
@@ -912,28 +925,38 @@ class HostRuntime:
             identity=identity, fencing_token=fenced.grant.fencing_token, lifecycle=PERSISTED_LIVE
         )
         # Same generation, so the keys it remembers still guard effects in its State.
-        return await self._rehost(identity, fenced.grant, dedup=fenced.dedup, requested_at=requested_at)
+        return await self._rehost(identity, fenced, requested_at=requested_at)
 
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
         requested_at = self._clock()
-        grant = (await self._fence(identity, checkpoint=False)).grant
+        fenced = await self._fence(identity, checkpoint=False)
         try:
-            await self._ledger.reset(identity=identity, fencing_token=grant.fencing_token)
+            await self._ledger.reset(identity=identity, fencing_token=fenced.grant.fencing_token)
         except BaseException:
-            await self._release({identity: grant.fencing_token})
+            await self._release({identity: fenced.grant.fencing_token})
             raise
-        return await self._rehost(identity, grant, requested_at=requested_at)
+        # A new generation remembers no keys of the old one.
+        return await self._rehost(identity, replace(fenced, dedup=()), requested_at=requested_at)
 
-    async def _rehost(
-        self, identity: str, grant: LeaseGrant, *, requested_at: float, dedup: tuple[tuple[str, bytes], ...] = ()
-    ) -> ContinuityRecord:
-        """Host ``identity`` under ``grant``, acquired no earlier than ``requested_at``."""
+    async def _rehost(self, identity: str, fenced: Activation, *, requested_at: float) -> ContinuityRecord:
+        """Host ``identity`` under the lease ``fenced`` holds, acquired no earlier than ``requested_at``.
+
+        The view is read again (the caller changed the record since it fenced); a State
+        kept in the ledger comes from the fencing acquire, which loaded it: under this
+        lease nobody else can have committed another since.
+        """
         views = await self._ledger.resolve([identity])
         view = views.get(identity)
         if view is None:
             raise UnknownIdentityError(identity=identity)
-        entry = await self._materialize(Activation(grant=grant, view=view, dedup=dedup), requested_at=requested_at)
+        if view.snapshot is not None and view.snapshot.in_ledger:
+            loaded = fenced.view.snapshot
+            if loaded is None or loaded.version != view.snapshot.version:  # pragma: no cover - ruled out by the lease
+                raise InternalError(detail=f"the State of {identity!r} moved while its lease was held")
+            view = replace(view, snapshot=loaded)
+        activation = Activation(grant=fenced.grant, view=view, dedup=fenced.dedup)
+        entry = await self._materialize(activation, requested_at=requested_at)
         return entry.record
 
     async def delete(self, identity: str) -> None:

@@ -81,13 +81,25 @@ class ContinuityRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotPointer:
-    """Where an identity's committed State lives: one row of one immutable Arrow file."""
+    """Where an identity's committed State lives: one row of one immutable Arrow file, or the ledger itself.
+
+    A small State travels inline in the ledger's commit (one durable write for the
+    whole turn): ``file`` is empty then, and ``inline`` holds the State as an Arrow IPC
+    stream of one row wherever the ledger hands out a State to read (an activation's
+    view, an export page); other views carry ``inline=None``.
+    """
 
     file: str
-    """Path of the Arrow IPC file, relative to the storage root."""
+    """Path of the Arrow IPC file, relative to the storage root; ``""`` for a State kept in the ledger."""
     row: int
     version: int
     """The checkpoint version stored in that row."""
+    inline: bytes | None = None
+
+    @property
+    def in_ledger(self) -> bool:
+        """Whether the State is kept in the ledger row rather than in a file."""
+        return not self.file
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

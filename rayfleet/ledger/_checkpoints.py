@@ -1,7 +1,8 @@
 """Checkpoint pointers and the idempotency keys committed with them.
 
 A pointer moves only forward: the writer's token must pass the fence check and the
-version must exceed the stored one. The keys of the turns a checkpoint covers are
+version must exceed the stored one. A small State travels in the pointer itself
+(``SnapshotPointer.inline``) and is stored in the same row. The keys of the turns a checkpoint covers are
 written in the same transaction as its pointer, so a key is remembered exactly when
 the effect it guards is durable.
 """
@@ -31,8 +32,9 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float) -> 
                 raise StaleCheckpointVersionError(identity=item.identity, presented=item.version, current=row[0])
             tx.execute(
                 "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
-                "committed_at = ? WHERE identity = ?",
-                (item.version, item.fencing_token, item.pointer.file, item.pointer.row, now, item.identity),
+                "snapshot_inline = ?, committed_at = ? WHERE identity = ?",
+                (item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline, now,
+                 item.identity),
             )
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
@@ -65,7 +67,7 @@ def latest(tx: Transaction, *, after: str, limit: int, agent_class: str | None) 
     """
     query = (
         "SELECT i.identity, i.agent_class, i.lifecycle, c.generation, c.checkpoint_version, c.fence, "
-        "c.committed_at, c.snapshot_file, c.snapshot_row FROM identities i "
+        "c.committed_at, c.snapshot_file, c.snapshot_row, c.snapshot_inline FROM identities i "
         "LEFT JOIN continuity c ON c.identity = i.identity WHERE i.identity > ?"
     )
     parameters: list[object] = [after]
@@ -77,7 +79,9 @@ def latest(tx: Transaction, *, after: str, limit: int, agent_class: str | None) 
         CheckpointRow(
             identity=row[0], agent_class=row[1], lifecycle=row[2], generation=row[3] or 0,
             checkpoint_version=row[4] or 0, fencing_token=row[5] or 0, committed_at=row[6],
-            snapshot=None if row[7] is None else SnapshotPointer(file=row[7], row=row[8], version=row[4]),
+            snapshot=None if row[7] is None else SnapshotPointer(
+                file=row[7], row=row[8], version=row[4], inline=None if row[9] is None else bytes(row[9]),
+            ),
         )
         for row in tx.execute(query + " ORDER BY i.identity LIMIT ?", parameters)
     ]
@@ -85,5 +89,7 @@ def latest(tx: Transaction, *, after: str, limit: int, agent_class: str | None) 
 
 def referenced_files(tx: Transaction) -> set[str]:
     return {
-        row[0] for row in tx.execute("SELECT DISTINCT snapshot_file FROM continuity WHERE snapshot_file IS NOT NULL")
+        row[0] for row in tx.execute(
+            "SELECT DISTINCT snapshot_file FROM continuity WHERE snapshot_file IS NOT NULL AND snapshot_file <> ''"
+        )
     }

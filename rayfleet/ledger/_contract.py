@@ -57,6 +57,10 @@ class LedgerCall(Protocol[T_co]):
 class LedgerClient(Protocol):
     """Every ledger operation. Fenced writes present ``(identity, fencing_token)`` and are refused when stale."""
 
+    route: str
+    """How calls reach the ledger: ``"direct"`` (this process's own connection to the database) or
+    ``"ledger actor"`` (a Ray call to the actor that serves a SQLite file on another node)."""
+
     # -- the ledger itself
     def incarnation(self) -> LedgerCall[str]:
         """An id that changes every time the ledger restarts."""

@@ -179,7 +179,7 @@ def reset(tx: Transaction, *, identity: str, fencing_token: int) -> ContinuityRe
         "snapshot_file, snapshot_row) VALUES (?, ?, ?, ?, 0, ?, NULL, NULL) ON CONFLICT(identity) DO UPDATE SET "
         "runtime_id = excluded.runtime_id, session_id = excluded.session_id, generation = excluded.generation, "
         "checkpoint_version = 0, fence = excluded.fence, snapshot_file = NULL, snapshot_row = NULL, "
-        "committed_at = NULL",
+        "snapshot_inline = NULL, committed_at = NULL",
         (identity, fresh.runtime_id, fresh.session_id, generation, fencing_token),
     )
     tx.execute("UPDATE identities SET lifecycle = ?, reason = '' WHERE identity = ?", (PERSISTED_LIVE, identity))

@@ -115,7 +115,7 @@ def acquire(
                 "snapshot_file, snapshot_row) VALUES (?, ?, ?, 0, 0, ?, NULL, NULL)",
                 (identity, format_runtime_id(identity, 0), new_session_id(), token),
             )
-        view = _views.view(tx, identity, now)
+        view = _views.view(tx, identity, now, with_state=True)
         if view is None:  # pragma: no cover - the identity row was read above, in this transaction
             raise UnknownIdentityError(identity=identity)
         results[identity] = Activation(

@@ -58,17 +58,25 @@ class Ledger:
     Args:
         database: a store, or a path to a SQLite file (created if missing).
         clock: wall-clock seconds; lease expiry and lock-delay are measured with it.
+        authority: whether this process serves the database (the default). A process
+            that opens a database another one serves (a host beside the SQLite ledger
+            actor, on its node) passes ``False``: its opening is not a restart of the
+            authority, so it applies no lock-delay.
 
-    Thread-safe as far as its store is (the SQLite store is). Opening applies
-    lock-delay: leases found live are not granted to another holder for one TTL.
+    Thread-safe as far as its store is (the SQLite store is). Opening as the authority
+    applies lock-delay when the store's incarnation changed: leases found live are not
+    granted to another holder for one TTL.
     """
 
-    def __init__(self, database: Database | str | Path, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, database: Database | str | Path, *, clock: Callable[[], float] | None = None, authority: bool = True,
+    ) -> None:
         self._db: Database = SqliteDatabase(database) if isinstance(database, (str, Path)) else database
         self._clock = clock
         self.incarnation = uuid.uuid4().hex[:8]
         """Changes every time a ledger opens, so clients can tell a restart."""
-        self._db.write(self._on_open)
+        if authority:
+            self._db.write(self._on_open)
 
     def _now(self, tx: Transaction) -> float:
         return self._clock() if self._clock is not None else self._db.now(tx)

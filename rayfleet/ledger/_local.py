@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -44,6 +45,9 @@ from ._values import (
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+OperationObserver = Callable[[str, str, float], None]
+"""Hears every operation a client ran: its name, ``"OK"`` or the error's type name, and its seconds."""
 
 
 class Completed(Generic[T]):
@@ -93,10 +97,15 @@ class LocalLedgerClient:
     Args:
         ledger: the ledger to serve, or a path to a SQLite ledger file (created if missing).
         threads: run operations on this many worker threads (0: on the caller's thread).
+        observe: told of every operation once it finished (for metrics); must not block.
     """
 
-    def __init__(self, ledger: Ledger | str | Path, *, threads: int = 0) -> None:
+    def __init__(
+        self, ledger: Ledger | str | Path, *, threads: int = 0, observe: OperationObserver | None = None,
+    ) -> None:
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+        self.route = "direct"
+        self._observe = observe
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rayfleet-ledger")
             if threads > 0
@@ -104,6 +113,8 @@ class LocalLedgerClient:
         )
 
     def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> LedgerCall[T]:
+        if self._observe is not None:
+            operation = _observed(operation, self._observe)
         if self._executor is None:
             return _run_now(operation, *args, **kwargs)
         return Pending(self._executor.submit(operation, *args, **kwargs))
@@ -359,3 +370,18 @@ class LocalLedgerClient:
 
     def hosts(self) -> LedgerCall[list[HostInfo]]:
         return self._run(self.ledger.hosts)
+
+
+def _observed(operation: Callable[P, T], observe: OperationObserver) -> Callable[P, T]:
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        started = time.perf_counter()
+        outcome = "OK"
+        try:
+            return operation(*args, **kwargs)
+        except BaseException as error:
+            outcome = type(error).__name__
+            raise
+        finally:
+            observe(operation.__name__, outcome, time.perf_counter() - started)
+
+    return run

@@ -230,4 +230,8 @@ CREATE INDEX IF NOT EXISTS dead_letters_by_message ON dead_letters(identity, mes
     Migration("""ALTER TABLE continuity ADD COLUMN committed_at {real};
 CREATE INDEX IF NOT EXISTS identities_by_class ON identities(agent_class, identity);
 """),
+    # 6: small States kept in the continuity row itself (snapshot_file is '' then), so a
+    # checkpoint is one durable write: the ledger's commit.
+    Migration("""ALTER TABLE continuity ADD COLUMN snapshot_inline {blob};
+"""),
 )

@@ -25,10 +25,13 @@ def lease(tx: Transaction, identity: str, now: float) -> LeaseView | None:
     return LeaseView(holder=row[0], fencing_token=row[1], ttl=row[2], expires_in=row[3] - now)
 
 
-def continuity(tx: Transaction, identity: str) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
+def continuity(
+    tx: Transaction, identity: str, *, with_state: bool = False,
+) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
+    """The record and the snapshot pointer; ``with_state`` loads a State kept in the ledger into the pointer."""
     row = tx.execute(
-        "SELECT runtime_id, session_id, generation, checkpoint_version, fence, snapshot_file, snapshot_row "
-        "FROM continuity WHERE identity = ?",
+        "SELECT runtime_id, session_id, generation, checkpoint_version, fence, snapshot_file, snapshot_row, "
+        f"{'snapshot_inline' if with_state else 'NULL'} FROM continuity WHERE identity = ?",
         (identity,),
     ).fetchone()
     if row is None:
@@ -37,7 +40,9 @@ def continuity(tx: Transaction, identity: str) -> tuple[ContinuityRecord | None,
         identity=identity, runtime_id=row[0], session_id=row[1], generation=row[2],
         checkpoint_version=row[3], fence=row[4],
     )
-    pointer = None if row[5] is None else SnapshotPointer(file=row[5], row=row[6], version=row[3])
+    pointer = None if row[5] is None else SnapshotPointer(
+        file=row[5], row=row[6], version=row[3], inline=None if row[7] is None else bytes(row[7]),
+    )
     return record, pointer
 
 
@@ -57,7 +62,7 @@ def dedup_rows(tx: Transaction, identity: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def view(tx: Transaction, identity: str, now: float) -> IdentityView | None:
+def view(tx: Transaction, identity: str, now: float, *, with_state: bool = False) -> IdentityView | None:
     row = tx.execute(
         "SELECT spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, peers FROM identities "
         "WHERE identity = ?",
@@ -65,7 +70,7 @@ def view(tx: Transaction, identity: str, now: float) -> IdentityView | None:
     ).fetchone()
     if row is None:
         return None
-    record, pointer = continuity(tx, identity)
+    record, pointer = continuity(tx, identity, with_state=with_state)
     return IdentityView(
         identity=identity,
         spec=bytes(row[0]),

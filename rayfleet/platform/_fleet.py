@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import cloudpickle
 import ray
 
+from ..checkpoints._committer import INLINE_STATE_BYTES
 from ..checkpoints._export import ExportReport, export_fleet
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
@@ -113,6 +114,10 @@ class FleetConfig:
     """Seconds a lease lasts; hosts renew every TTL/3."""
     idle_timeout: float = 300.0
     """Seconds without a turn before an agent is checkpointed and deactivated."""
+    inline_state_bytes: int = INLINE_STATE_BYTES
+    """States whose Arrow encoding is at most this many bytes are checkpointed inside the
+    ledger's commit (one durable write per turn); larger ones, and group commits of many
+    agents, go to snapshot files. 0 writes every checkpoint to a file."""
 
     def _validate(self) -> None:
         if self.hosts is not None and (not isinstance(self.hosts, int) or self.hosts < 1):
@@ -121,6 +126,11 @@ class FleetConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", field=name)
+        if type(self.inline_state_bytes) is not int or self.inline_state_bytes < 0:
+            raise InvalidSpecError(
+                f"inline_state_bytes must be a whole number of bytes, 0 or more, got {self.inline_state_bytes!r}",
+                field="inline_state_bytes",
+            )
         if not self.namespace or not isinstance(self.namespace, str):
             raise InvalidSpecError(f"namespace must be a non-empty string, got {self.namespace!r}", field="namespace")
         if self.ledger is not None and self.ledger_path is not None:
@@ -153,6 +163,7 @@ def connect(
     ledger_path: str | None = None,
     ledger_node: str | None = None,
     create: bool = True,
+    inline_state_bytes: int = INLINE_STATE_BYTES,
 ) -> Fleet:
     """Connect to (or start) a fleet and return its driver handle.
 
@@ -165,6 +176,10 @@ def connect(
     every process then reaches directly. The ledger actor (SQLite) and host actors
     are created if they do not exist yet (they are detached, so they outlive this
     driver) and reused if they do.
+
+    ``inline_state_bytes``: States whose Arrow encoding is at most this large travel in
+    the ledger's commit instead of a snapshot file (see :class:`FleetConfig`); hosts
+    that already run keep the value they were created with.
 
     ``create=False`` attaches to a fleet that is already running and creates nothing:
     no local Ray is started (``address=None`` only finds a cluster as ``ray.init()``
@@ -192,6 +207,7 @@ def connect(
         hosts=hosts,
         lease_ttl=lease_ttl,
         idle_timeout=idle_timeout,
+        inline_state_bytes=inline_state_bytes,
     )
     config._validate()
     return Fleet(config, create=create)
@@ -291,7 +307,8 @@ class Fleet:
     def _start_host(self, name: str, node: str | None) -> ray.actor.ActorHandle:
         return launch_host(name, namespace=self.config.namespace, storage=self.storage,
                            lease_ttl=self.config.lease_ttl, idle_timeout=self.config.idle_timeout,
-                           ledger=self.ledger_location.url, node=node)
+                           ledger=self.ledger_location.url, node=node,
+                           inline_state_bytes=self.config.inline_state_bytes)
 
     def _host_nodes(self, names: list[str]) -> dict[str, str | None]:
         """The node each named host actor runs on; ``None`` for one that does not answer in time."""

@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from ..checkpoints._committer import INLINE_STATE_BYTES
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     DeadlineExceededError,
@@ -45,7 +46,7 @@ from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..retry import RetryPolicy
-from ._ledger_client import connect_ledger
+from ._ledger_client import connect_ledger_from
 from ._metrics import HOST_EXPORT_INTERVAL, RayHostMetrics
 from ._placement import (
     NODE_WATCH_INTERVAL,
@@ -172,8 +173,9 @@ class AgentHost:
     """
 
     def __init__(self, name: str, namespace: str, storage: str, lease_ttl: float, idle_timeout: float,
-                 ledger: str) -> None:
+                 ledger: str, inline_state_bytes: int = INLINE_STATE_BYTES) -> None:
         self.name = name
+        self._inline_state_bytes = inline_state_bytes
         self._ledger_location = LedgerLocation.parse(ledger)
         self.namespace = namespace
         self._storage = storage
@@ -238,13 +240,13 @@ class AgentHost:
 
     async def _start_once(self) -> None:
         try:
-            ledger = connect_ledger(self._ledger_location, namespace=self.namespace)
+            ledger = await connect_ledger_from(self._ledger_location, namespace=self.namespace, node=self._node)
             courier = Courier(HostDirectory(self.namespace), ledger, lease_ttl=self._lease_ttl)
             self.courier = courier  # the runtime's router sends through it
             runtime = HostRuntime(
                 name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
                 lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
-                metrics=self._metrics,
+                metrics=self._metrics, inline_limit=self._inline_state_bytes,
             )
             try:
                 await runtime.start()
@@ -544,7 +546,8 @@ class AgentHost:
             name = free_host_name(names)
             names.add(name)
             handle = launch_host(name, namespace=self.namespace, storage=self._storage, lease_ttl=self._lease_ttl,
-                                 idle_timeout=self._idle_timeout, ledger=self._ledger_location.url, node=node)
+                                 idle_timeout=self._idle_timeout, ledger=self._ledger_location.url, node=node,
+                                 inline_state_bytes=self._inline_state_bytes)
             await handle.start.remote()
             started[name] = node
         if started:
@@ -630,15 +633,15 @@ class AgentHost:
 
 def launch_host(
     name: str, *, namespace: str, storage: str, lease_ttl: float, idle_timeout: float, ledger: str,
-    node: str | None,
+    node: str | None, inline_state_bytes: int = INLINE_STATE_BYTES,
 ) -> ray.actor.ActorHandle:
     """The host actor ``name``, created pinned to ``node`` (see ``_placement``) if it does not exist yet.
 
-    An existing actor of that name is returned as it is, wherever it runs. The host is
-    not started: call ``start`` on it.
+    An existing actor of that name is returned as it is, wherever it runs, with the
+    settings it was created with. The host is not started: call ``start`` on it.
     """
     handle: ray.actor.ActorHandle = AgentHost.options(  # type: ignore[attr-defined]
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
         scheduling_strategy=host_scheduling(node),
-    ).remote(name, namespace, storage, lease_ttl, idle_timeout, ledger)
+    ).remote(name, namespace, storage, lease_ttl, idle_timeout, ledger, inline_state_bytes)
     return handle

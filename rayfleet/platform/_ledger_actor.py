@@ -108,6 +108,13 @@ class LedgerActor:
     def incarnation(self) -> Any:
         return _answer(self._refusal, lambda: self._ledger.incarnation, (), {}, name="incarnation")
 
+    def serving(self) -> Any:
+        """The Ray node this actor runs on and the fleet id its file holds (see ``RayLedgerClient.serving``)."""
+        return _answer(
+            self._refusal, lambda: (ray.get_runtime_context().get_node_id(), self._ledger.fleet_identity()), (), {},
+            name="serving",
+        )
+
     def fleet_identity(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.fleet_identity, args, kwargs)
 
@@ -319,11 +326,21 @@ class RayLedgerClient:
     Hosts and the runner await its calls; the driver waits with ``.result()``.
     """
 
+    route = "ledger actor"
+
     def __init__(self, actor: ray.actor.ActorHandle) -> None:
         self.actor = actor
 
     def incarnation(self) -> LedgerCall[str]:
         return _RayCall(self.actor.incarnation.remote())
+
+    def serving(self) -> LedgerCall[tuple[str, str | None]]:
+        """``(node id, fleet id)``: where the actor runs and which fleet its SQLite file belongs to.
+
+        Not part of the ledger contract: only a process on that node may open the file
+        itself, and only if it finds the same fleet there.
+        """
+        return _RayCall(self.actor.serving.remote())
 
     def fleet_identity(self, claim: str | None = None) -> LedgerCall[str | None]:
         return _RayCall(self.actor.fleet_identity.remote(claim))

@@ -1,13 +1,19 @@
 """How a process reaches the ledger, by its location: over Ray (SQLite) or directly (PostgreSQL).
 
 A SQLite ledger lives in one file, so one actor (``rayfleet-ledger``, pinned to the node
-that holds the file) serves it and everyone else calls that actor. A PostgreSQL ledger
-is reached by every process through its own connection pool: no actor hop, and no
-single process every checkpoint has to pass through.
+that holds the file) owns it: it creates and migrates the file and applies lock-delay
+when it restarts. Hosts and the runner on that same node open the file themselves
+(SQLite in WAL mode takes writers from several processes of one machine, each
+transaction under the file's write lock), so a checkpoint costs no Ray hop; processes
+on other nodes call the actor. A PostgreSQL ledger is reached by every process through
+its own connection pool: no actor hop, and no single process every checkpoint has to
+pass through.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import ray
@@ -15,10 +21,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import FleetNotFoundError, FleetUnavailableError, RayfleetError
 from ..ledger._contract import LedgerClient
+from ..ledger._ledger import Ledger
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation, open_ledger
+from ..ledger._sqlite import SqliteDatabase
 from ._binding import bind_fleet, check_fleet
 from ._ledger_actor import LEDGER_ACTOR_NAME, LedgerActor, RayLedgerClient
+from ._metrics import RayLedgerMetrics
+
+log = logging.getLogger("rayfleet.ledger")
 
 DIRECT_CLIENT_THREADS = 8
 """Worker threads of a direct (PostgreSQL) ledger client: ledger calls one process may have in flight."""
@@ -33,12 +44,53 @@ def connect_ledger(location: LedgerLocation, *, namespace: str) -> LedgerClient:
         LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
     """
     if location.networked:
-        return LocalLedgerClient(open_ledger(location), threads=DIRECT_CLIENT_THREADS)
+        observe = _direct_metrics().operation
+        return LocalLedgerClient(open_ledger(location), threads=DIRECT_CLIENT_THREADS, observe=observe)
     try:
         return RayLedgerClient(ray.get_actor(LEDGER_ACTOR_NAME, namespace=namespace))
     except ValueError:
         detail = f"no ledger actor {LEDGER_ACTOR_NAME!r} in namespace {namespace!r}"
         raise FleetUnavailableError(detail=detail) from None
+
+
+async def connect_ledger_from(location: LedgerLocation, *, namespace: str, node: str) -> LedgerClient:
+    """A client for a host or the runner running on Ray node ``node``: direct wherever the store allows.
+
+    PostgreSQL: a connection pool. SQLite: the file itself when this process is on the
+    ledger actor's node and the file there belongs to the fleet the actor serves;
+    otherwise (another node, or any doubt) the actor. Ledger operations of a direct
+    client are counted in the ledger metrics of this process.
+
+    Raises:
+        FleetUnavailableError: the ledger actor of a SQLite ledger does not exist.
+        LedgerUnavailableError: a PostgreSQL ledger cannot be reached.
+    """
+    client = connect_ledger(location, namespace=namespace)
+    if not isinstance(client, RayLedgerClient) or not location.path.is_file():
+        return client
+    served_node, fleet = await client.serving()
+    if served_node != node:
+        return client
+    try:
+        direct = LocalLedgerClient(
+            Ledger(SqliteDatabase(location.path), authority=False), threads=DIRECT_CLIENT_THREADS,
+            observe=_direct_metrics().operation,
+        )
+    except RayfleetError as error:
+        log.warning("opening the ledger file %s directly failed (%s); going through the ledger actor",
+                    location.path, error.message)
+        return client
+    if await direct.fleet_identity() != fleet:
+        # Not the file the actor serves (another mount under the same path): never write to it.
+        direct.close()
+        return client
+    return direct
+
+
+@functools.cache
+def _direct_metrics() -> RayLedgerMetrics:
+    """One tally per process: its direct clients' operations, exported as the ledger actor's are."""
+    return RayLedgerMetrics()
 
 
 def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node: str | None = None) -> LedgerClient:

@@ -45,7 +45,7 @@ from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import WorkflowEngine
-from ._ledger_client import connect_ledger
+from ._ledger_client import connect_ledger_from
 from ._metrics import RayRunMetrics
 from ._routing import Courier, HostDirectory, dispatch_request
 
@@ -340,7 +340,8 @@ class RunnerActor:
         self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
 
     async def _resume_unfinished(self) -> Courier:
-        ledger = connect_ledger(self._ledger_location, namespace=self._namespace)
+        node = ray.get_runtime_context().get_node_id()
+        ledger = await connect_ledger_from(self._ledger_location, namespace=self._namespace, node=node)
         courier = Courier(HostDirectory(self._namespace), ledger)
         await courier.refresh_async()
         for record in await ledger.list_runs(statuses=list(UNFINISHED)):

@@ -59,6 +59,16 @@ def test_hosts_are_spread_over_every_node(removal: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_hosts_beside_the_sqlite_file_write_it_directly_and_the_others_call_the_ledger_actor(
+    removal: dict[str, Any],
+) -> None:
+    placed, routes = removal["host_nodes_before"]["mn"], removal["ledger_routes"]
+    expected = {host: "direct" if node == removal["head_node"] else "ledger actor" for host, node in placed.items()}
+    assert routes["mn"] == expected and set(expected.values()) == {"direct", "ledger actor"}
+    assert set(routes["mn-pg"].values()) == {"direct"}  # PostgreSQL: every host has its own pool
+
+
+@pytest.mark.timeout(300)
 def test_every_agent_answers_with_its_state_after_a_node_with_hosts_is_removed(removal: dict[str, Any]) -> None:
     assert removal["hosts_on_removed_node"]["mn"] and removal["hosts_on_removed_node"]["mn-pg"]
     assert removal["agents_on_removed_node"] > 0

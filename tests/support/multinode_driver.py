@@ -105,6 +105,11 @@ async def scenario(cluster: Cluster, worker_nodes: list[str], storage: str, post
     report["nodes"] = nodes
     placed = {"mn": fleet.host_nodes(), "mn-pg": pg.host_nodes()}
     report["host_nodes_before"] = placed
+    report["head_node"] = cluster.head_node.node_id
+    report["ledger_routes"] = {
+        "mn": {s.host: s.ledger_route for s in fleet.host_statistics()},
+        "mn-pg": {s.host: s.ledger_route for s in pg.host_statistics()},
+    }
 
     refs = fleet.spawn_many(rf.AgentSpec(identity=f"tally/{index}", agent=Tally) for index in range(AGENTS))
     began = time.monotonic()

@@ -53,9 +53,12 @@ def register(ledger: Ledger, identity: str, agent: type[rf.Agent]) -> None:
                                agent_class=spec.agent_class_path))
 
 
-@pytest.fixture
-async def fleet_files(tmp_path: Path) -> tuple[LocalLedgerClient, SnapshotStore]:
-    """Wallets w/0..w/4 (w/4 never called), diaries d/0..d/1 (d/1 retired), written by a real host runtime."""
+@pytest.fixture(params=[0, 16 * 1024], ids=["states-in-files", "states-in-the-ledger"])
+async def fleet_files(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[LocalLedgerClient, SnapshotStore]:
+    """Wallets w/0..w/4 (w/4 never called), diaries d/0..d/1 (d/1 retired), written by a real host runtime.
+
+    Once with every State in snapshot files, once with the (small) States kept in the ledger.
+    """
     ledger = Ledger(tmp_path / "ledger.sqlite")
     client = LocalLedgerClient(ledger)
     snapshots = SnapshotStore(str(tmp_path / "store"))
@@ -63,7 +66,8 @@ async def fleet_files(tmp_path: Path) -> tuple[LocalLedgerClient, SnapshotStore]
         register(ledger, f"w/{index}", Wallet)
     for index in range(2):
         register(ledger, f"d/{index}", Diary)
-    async with HostRuntime(name="h", ledger=client, snapshots=snapshots, incarnation="h") as host:
+    async with HostRuntime(name="h", ledger=client, snapshots=snapshots, incarnation="h",
+                           inline_limit=request.param) as host:
         for index in range(4):
             for amount in range(1, index + 2):
                 await host.deliver(f"w/{index}", "deposit", kwargs={"amount": amount})
@@ -72,6 +76,7 @@ async def fleet_files(tmp_path: Path) -> tuple[LocalLedgerClient, SnapshotStore]
         await host.retire("d/1")
         with pytest.raises(rf.InvalidArgumentsError):
             await host.deliver("w/0", "deposit", kwargs={"wrong": 1})
+    assert bool(snapshots.list_files()) is (request.param == 0)
     return client, snapshots
 
 

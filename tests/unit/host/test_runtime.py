@@ -169,10 +169,10 @@ async def test_lifecycle_retire_respawn_reset_delete(ledger: Ledger, tmp_path: P
 async def test_corrupt_snapshot_breaks_only_that_identity(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     register(ledger, "c/2")
-    async with runtime(ledger, tmp_path) as host:
+    async with runtime(ledger, tmp_path, inline_limit=0) as host:
         await host.deliver("c/1", "add", (), {"n": 1})
     pointer = ledger.resolve(["c/1"])["c/1"].snapshot
-    assert pointer is not None
+    assert pointer is not None and not pointer.in_ledger
     (tmp_path / pointer.file).write_bytes(b"not arrow at all")
     async with runtime(ledger, tmp_path, "host-b") as host:
         with pytest.raises(rf.SnapshotError, match=pointer.file):

@@ -147,7 +147,8 @@ async def test_a_keyed_retry_after_a_failed_commit_runs_and_commits(
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     snapshots = SnapshotStore(str(tmp_path))
-    async with HostRuntime(name="host-a", ledger=client, snapshots=snapshots, incarnation="a") as host:
+    # Every State to a file (inline_limit=0), so that a storage error can fail the commit.
+    async with HostRuntime(name="host-a", ledger=client, snapshots=snapshots, incarnation="a", inline_limit=0) as host:
         assert (await host.deliver("c/1", "add", (), {"n": 1}, idempotency_key="k0")).value == 1
         error = failure()
         if isinstance(error, OSError):

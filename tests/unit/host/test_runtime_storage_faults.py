@@ -47,8 +47,10 @@ def register(ledger: Ledger, identity: str) -> None:
     ))
 
 
-def host(ledger: Ledger, root: Path, name: str) -> HostRuntime:
-    return HostRuntime(name=name, ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(root)), incarnation=name)
+def host(ledger: Ledger, root: Path, name: str, *, inline_limit: int = 0) -> HostRuntime:
+    """A host whose checkpoints all go to snapshot files (``inline_limit=0``), unless told otherwise."""
+    return HostRuntime(name=name, ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(root)), incarnation=name,
+                       inline_limit=inline_limit)
 
 
 async def value(runtime: HostRuntime, identity: str, method: str, **kwargs: object) -> object:
@@ -100,6 +102,25 @@ async def test_a_storage_outage_refuses_changes_retryably_loses_nothing_acknowle
             assert await value(successor, "t/a", "get") == {"total": 101, "seen": [1, 100]}
             assert await value(successor, "t/b", "get") == {"total": 15, "seen": [10, 5]}
             assert (await successor.deliver("t/a", "add", (), {"n": 100}, idempotency_key="k-100")).duplicate
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full"])
+async def test_small_states_travel_in_the_ledger_and_keep_committing_while_snapshot_storage_is_down(
+    tmp_path: Path, fault: str
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    register(ledger, "t/a")
+    with tmpfs(tmp_path / "storage", size=1024 * 1024) as disk:
+        async with host(ledger, disk.path, "host-a", inline_limit=16 * 1024) as runtime:
+            assert await value(runtime, "t/a", "add", n=1) == 1
+            break_storage(disk, fault)
+            assert await value(runtime, "t/a", "add", n=2) == 3  # committed in the ledger; no file needed
+            repair_storage(disk, fault)
+        assert not list(disk.path.rglob("*.arrow"))  # no snapshot file was ever written
+        pointer = ledger.resolve(["t/a"])["t/a"].snapshot
+        assert pointer is not None and pointer.in_ledger and pointer.version == 2
+        async with host(ledger, disk.path, "host-b", inline_limit=16 * 1024) as successor:
+            assert await value(successor, "t/a", "get") == {"total": 3, "seen": [1, 2]}
 
 
 async def test_a_truncated_snapshot_breaks_only_its_identity_until_restored(tmp_path: Path) -> None:
