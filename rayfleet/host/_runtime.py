@@ -605,7 +605,12 @@ class HostRuntime:
         """Take ``entry`` out of service and release its lease: the next message reloads the last commit."""
         log.warning("checkpoint of %s on %s did not land (%s); it reloads from the last commit",
                     entry.spec.identity, self.name, why)
-        await self._drop(entry, reason="", release=True)
+        self._discard(entry)
+        # Released in the background: after a commit that did not land the ledger is often
+        # unreachable too, and the caller's answer must not wait out a second timeout. An
+        # activation here meanwhile takes a larger token, which this late release cannot free.
+        self._spawn(self._release({entry.spec.identity: entry.grant.fencing_token}),
+                    name=f"{self.name}-release-{entry.spec.identity}")
 
     # -- activation -----------------------------------------------------------------
 

@@ -123,6 +123,7 @@ def test_bad_spec_options_name_the_field(fleet: rf.Fleet, options: dict, field: 
         pytest.param({"lease_ttl": -1.0}, "lease_ttl", id="lease-ttl"),
         pytest.param({"idle_timeout": 0}, "idle_timeout", id="idle-timeout"),
         pytest.param({"namespace": ""}, "namespace", id="namespace"),
+        pytest.param({"inline_state_bytes": -1}, "inline_state_bytes", id="inline-state-bytes"),
     ],
 )
 def test_bad_connect_options_name_the_option(storage: Path, options: dict, named: str) -> None:
@@ -288,7 +289,7 @@ def _damage_files(storage: Path, how: str) -> list[Path]:
 def test_damaged_snapshot_marks_identity_broken_until_reset(
     make_fleet, storage: Path, tmp_path: Path, how: str
 ) -> None:
-    fleet: rf.Fleet = make_fleet()
+    fleet: rf.Fleet = make_fleet(inline_state_bytes=0)  # every State in a snapshot file
     bystanders: rf.Fleet = make_fleet(storage=tmp_path / "elsewhere")
     bystander = bystanders.spawn("other/fine", Account)
     assert bystander.call("add", n=9) == 9

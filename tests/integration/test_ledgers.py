@@ -29,7 +29,7 @@ def _namespace() -> str:
 def test_an_empty_ledger_over_an_existing_fleets_storage_is_refused(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     namespace = _namespace()
-    fleet = rf.connect(storage=storage, namespace=namespace, hosts=1)
+    fleet = rf.connect(storage=storage, namespace=namespace, hosts=1, inline_state_bytes=0)
     try:
         assert fleet.spawn("counter/kept", Counter).call(Counter.add, n=7) == 7
     finally:

@@ -131,7 +131,7 @@ def test_retire_respawn_reset_delete(fleet: rf.Fleet, storage: Path) -> None:
 @pytest.mark.timeout(120)
 def test_delete_then_collect_garbage_removes_only_that_identitys_files(make_fleet, tmp_path: Path) -> None:
     root = tmp_path / "gc-store"
-    fleet: rf.Fleet = make_fleet(storage=root)
+    fleet: rf.Fleet = make_fleet(storage=root, inline_state_bytes=0)  # every State in a snapshot file
     keeper = fleet.spawn("gc/keeper", Counter)
     doomed = fleet.spawn("gc/doomed", Counter)
 

@@ -74,7 +74,8 @@ class Maker(rf.Agent):
 
 @pytest.fixture
 def s3_fleet(make_fleet: Callable[..., rf.Fleet], s3_storage: str, tmp_path: Path) -> rf.Fleet:
-    return make_fleet(storage=s3_storage, ledger_path=str(tmp_path / "ledger.sqlite"))
+    # Every State to an object (inline_state_bytes=0), not into the ledger.
+    return make_fleet(storage=s3_storage, ledger_path=str(tmp_path / "ledger.sqlite"), inline_state_bytes=0)
 
 
 @pytest.mark.timeout(180)

@@ -45,7 +45,9 @@ def test_storage_outage_during_calls_is_refused_retryably_and_the_fleet_recovers
     make_fleet, tmp_path: Path, fault: str
 ) -> None:
     with tmpfs(tmp_path / "storage", size=2 * 1024 * 1024) as disk:
-        fleet: rf.Fleet = make_fleet(storage=disk.path, ledger_path=str(tmp_path / "ledger.sqlite"))
+        # Every State to a file (inline_state_bytes=0): small ones would commit in the ledger alone.
+        fleet: rf.Fleet = make_fleet(storage=disk.path, ledger_path=str(tmp_path / "ledger.sqlite"),
+                                     inline_state_bytes=0)
         a, b = fleet.spawn("book/a", Ledgerbook), fleet.spawn("book/b", Ledgerbook)
         assert a.call("add", n=1) == 1
         assert b.call("add", n=10) == 10
@@ -77,7 +79,7 @@ def test_storage_outage_during_calls_is_refused_retryably_and_the_fleet_recovers
 
 @pytest.mark.timeout(120)
 def test_truncated_snapshot_breaks_only_its_identity_and_reset_recovers(make_fleet, storage: Path) -> None:
-    fleet: rf.Fleet = make_fleet()
+    fleet: rf.Fleet = make_fleet(inline_state_bytes=0)  # every State in a snapshot file
     fragile, sturdy = fleet.spawn("book/fragile", Ledgerbook), fleet.spawn("book/sturdy", Ledgerbook)
     assert fragile.call("add", n=3) == 3
     (truncated,) = (storage / "snapshots").glob("**/*.arrow")  # the fragile identity's one commit
