@@ -54,6 +54,7 @@ from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
 from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
+from .host._runtime import DeactivationReport as DeactivationReport
 from .host._runtime import DrainReport as DrainReport
 from .host._runtime import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
@@ -107,6 +108,7 @@ __all__ = [
     "Fleet",
     "FleetConfig",
     "HostInfo",
+    "DeactivationReport",
     "DrainReport",
     "ExportReport",
     "HostStatistics",

@@ -10,6 +10,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ..errors import (
     UsageError,
 )
 from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
-from ..host._runtime import DrainReport, HostStatistics
+from ..host._runtime import DeactivationReport, DrainReport, HostStatistics
 from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
 from ..identity._values import (
@@ -358,21 +359,102 @@ class Fleet:
         handles = [self._courier.directory.handle(name) for name in self._courier.directory.names]
         return list(ray.get([handle.statistics.remote() for handle in handles]))
 
-    def drain(self, host: str, *, timeout: float = 25.0) -> DrainReport:
+    def drain(
+        self, host: str, *, timeout: float = 25.0, progress: Callable[[int, int], None] | None = None,
+    ) -> DrainReport:
         """Move every agent off ``host`` within ``timeout`` seconds; it takes no new work until :meth:`undrain`.
 
         Agents are checkpointed and released; any still busy at the deadline have their
         handler stopped and their lease released without their unsaved State (counted in
         ``released_unsaved``), so no identity waits a lease TTL to move. Call ``ray.kill``
         on the host afterwards to scale in. A host drains the same way on SIGTERM and
-        when Ray drains its node.
+        when Ray drains its node. ``progress`` is told ``(moved, total)`` about every
+        second; the report says how long the drain took.
 
         Raises:
             FleetUnavailableError: no host actor of that name runs.
         """
-        report: DrainReport = ray.get(self._host_handle(host).drain.remote(timeout))
+        handle = self._host_handle(host)
+        [report] = self._await_hosts(lambda host: host.drain.remote(timeout), [handle], progress=progress)
         self._courier.refresh_sync()
-        return report
+        return cast(DrainReport, report)
+
+    def deactivate_all(
+        self, *, timeout: float = 300.0, progress: Callable[[int, int], None] | None = None,
+    ) -> DeactivationReport:
+        """Checkpoint and release every active agent of every host; each reactivates on its next message.
+
+        Hosts work side by side, each in batches (commits grouped, one release call per
+        batch), so 100,000 agents take seconds. ``progress`` is told ``(deactivated,
+        total)`` about every second. Returns once every host is done, or after
+        ``timeout`` seconds, with what was left (``remaining``) still hosted.
+
+        Raises:
+            FleetUnavailableError: Ray cannot be reached.
+        """
+        started = time.monotonic()
+        handles = self._live_host_handles()
+        done = self._await_hosts(lambda host: host.deactivate_all.remote(), handles, progress=progress,
+                                 timeout=timeout)
+        remaining = sum(self._active_counts(handles).values())
+        return DeactivationReport(hosts=len(handles), deactivated=sum(int(d) for d in done if isinstance(d, int)),
+                                  remaining=remaining, seconds=round(time.monotonic() - started, 3))
+
+    def _live_host_handles(self) -> list[ray.actor.ActorHandle]:
+        directory = self._courier.directory
+        self._courier.refresh_sync()
+        handles = []
+        for name in directory.names:
+            if name not in directory.dead:
+                with contextlib.suppress(_HostGone):  # died without deregistering: nothing to stop
+                    handles.append(directory.handle(name))
+        return handles
+
+    def _active_counts(self, handles: list[ray.actor.ActorHandle]) -> dict[int, int]:
+        """Active agents per host (by position in ``handles``); a host that does not answer in time counts 0."""
+        asked = {index: handle.statistics.remote() for index, handle in enumerate(handles)}
+        counts: dict[int, int] = {}
+        for index, ref in asked.items():
+            try:
+                counts[index] = ray.get(ref, timeout=PROGRESS_INTERVAL * 5).active_agents
+            except Exception:  # noqa: BLE001 - a dead or busy host has nothing to report now
+                counts[index] = 0
+        return counts
+
+    def _await_hosts(
+        self, request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]], handles: list[ray.actor.ActorHandle],
+        *, progress: Callable[[int, int], None] | None, timeout: float | None = None,
+    ) -> list[Any]:
+        """Send ``request`` to every host and wait, telling ``progress(done, total)`` from their active agents.
+
+        Returns each request's reply (a host that died or raised gives its exception
+        instead); after ``timeout`` seconds, the requests still running give ``None``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        total = sum(self._active_counts(handles).values()) if progress is not None else 0
+        pending = [request(handle) for handle in handles]
+        waiting = list(pending)
+        while waiting:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                log.warning("gave up waiting for %d hosts after %.0f s", len(waiting), timeout)
+                break
+            _, waiting = ray.wait(waiting, num_returns=len(waiting),
+                                  timeout=PROGRESS_INTERVAL if left is None else min(PROGRESS_INTERVAL, left))
+            if progress is not None:
+                active = sum(self._active_counts(handles).values()) if waiting else 0
+                progress(max(total - active, 0), total)
+        replies: list[Any] = []
+        for ref in pending:
+            if ref in waiting:
+                replies.append(None)
+                continue
+            try:
+                replies.append(ray.get(ref))
+            except Exception as error:  # noqa: BLE001 - reported per host, the others' replies still count
+                log.warning("a host failed: %s", error)
+                replies.append(error)
+        return replies
 
     def undrain(self, host: str) -> None:
         """Let a drained ``host`` take new work again."""
@@ -827,29 +909,35 @@ class Fleet:
 
     # -- shutdown -------------------------------------------------------------------
 
-    def shutdown(self, *, stop_actors: bool | None = None) -> None:
+    def shutdown(
+        self, *, stop_actors: bool | None = None, timeout: float = 300.0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> DeactivationReport | None:
         """Disconnect; with ``stop_actors`` also checkpoint every agent and stop the fleet's actors.
 
         ``stop_actors`` defaults to :attr:`started_ray`: a driver that attached to a running
         cluster leaves the fleet there running, and one that started its own Ray stops the
-        actors gracefully before that Ray ends with it. A second call does nothing.
+        actors gracefully before that Ray ends with it. Stopping deactivates every agent
+        first, as :meth:`deactivate_all` (``progress`` is told ``(deactivated, total)``);
+        after ``timeout`` seconds the hosts are stopped anyway, and agents still hosted
+        then lose unsaved State (their count is the report's ``remaining``). Returns that
+        report when actors were stopped, else ``None``. A second call does nothing.
         """
         if self._closed:
-            return
+            return None
         self._closed = True
         stop = self._started_ray if stop_actors is None else stop_actors
+        report = None
         if stop:
-            directory = self._courier.directory
-            self._courier.refresh_sync()
-            handles = []
-            for name in directory.names:
-                if name not in directory.dead:
-                    with contextlib.suppress(_HostGone):  # died without deregistering: nothing to stop
-                        handles.append(directory.handle(name))
-            try:
-                ray.get([handle.shutdown.remote() for handle in handles], timeout=60)
-            except Exception as error:  # noqa: BLE001 - a dead host has nothing left to checkpoint
-                log.warning("host shutdown: %s", error)
+            started = time.monotonic()
+            handles = self._live_host_handles()
+            counts = self._await_hosts(lambda host: host.shutdown.remote(), handles, progress=progress,
+                                       timeout=timeout)
+            remaining = sum(self._active_counts(handles).values())
+            report = DeactivationReport(
+                hosts=len(handles), deactivated=sum(count for count in counts if isinstance(count, int)),
+                remaining=remaining, seconds=round(time.monotonic() - started, 3),
+            )
             for handle in handles:
                 ray.kill(handle)
             # Host actors the ledger no longer lists (restarted and not started yet, or started
@@ -865,6 +953,7 @@ class Fleet:
             self._ledger.close()  # a direct client's connections and threads
         if self._started_ray:
             ray.shutdown()
+        return report
 
     def __enter__(self) -> Fleet:
         return self
@@ -873,6 +962,8 @@ class Fleet:
         self.shutdown()
 
 
+PROGRESS_INTERVAL = 1.0
+"""Seconds between progress reports of bulk operations on hosts (deactivate_all, drain, shutdown)."""
 RAY_PROBE_TIMEOUT = 5.0
 """Seconds to wait for a TCP connection to a Ray address before ``ray.init`` is even tried."""
 

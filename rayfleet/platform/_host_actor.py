@@ -464,6 +464,11 @@ class AgentHost:
         """Reply: how many parked messages were dead-lettered."""
         return await self._serve(lambda: self.runtime.cancel_parked(identity))
 
+    async def deactivate_all(self) -> int:
+        """Checkpoint and release every agent hosted now (see :meth:`HostRuntime.deactivate_all`); returns how many."""
+        await self.start()
+        return await self.runtime.deactivate_all()
+
     async def drain(self, timeout: float) -> DrainReport:
         """Stop new activations, then move every agent off this host within ``timeout`` seconds.
 

@@ -128,3 +128,37 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
     assert served, "the activation queued during an in-flight lease batch was only served after another activation"
     assert ray.get(second) == ("ok", 2)
     assert fleet.status("burst/second").state is rf.LifecycleState.ACTIVE
+
+
+BULK = 3000
+
+
+@pytest.mark.timeout(300)
+def test_deactivate_all_drain_and_shutdown_of_thousands_report_progress_and_keep_every_state(make_fleet) -> None:
+    fleet: rf.Fleet = make_fleet(hosts=2)
+    refs = fleet.spawn_many(rf.AgentSpec(identity=f"bulk/{index}", agent=Counter,
+                                         durability=rf.Durability.PERIODIC) for index in range(BULK))
+    results = asyncio.run(ask_in_chunks(refs, "add", with_n=True))
+    assert failures(refs, results) == {}
+    assert sum(stats.active_agents for stats in fleet.host_statistics()) == BULK
+
+    heard: list[tuple[int, int]] = []
+    report = fleet.deactivate_all(progress=lambda done, total: heard.append((done, total)))
+    assert (report.hosts, report.deactivated, report.remaining) == (2, BULK, 0) and report.seconds > 0
+    assert heard and heard[-1] == (BULK, BULK) and [d for d, _ in heard] == sorted(d for d, _ in heard)
+    assert sum(stats.active_agents for stats in fleet.host_statistics()) == 0
+    # PERIODIC State that was never committed before is committed by the deactivation: nothing lost.
+    results = asyncio.run(ask_in_chunks(refs, "get", with_n=False))
+    assert results == [number(ref) for ref in refs]
+
+    busiest = max(fleet.host_statistics(), key=lambda stats: stats.active_agents)
+    moved: list[tuple[int, int]] = []
+    drained = fleet.drain(busiest.host, progress=lambda done, total: moved.append((done, total)))
+    assert drained.checkpointed == busiest.active_agents and drained.released_unsaved == 0
+    assert not drained.timed_out and drained.seconds > 0 and moved[-1] == (busiest.active_agents,) * 2
+    fleet.undrain(busiest.host)
+
+    results = asyncio.run(ask_in_chunks(refs, "add", with_n=True))
+    assert results == [2 * number(ref) for ref in refs]
+    stopped = fleet.shutdown(stop_actors=True, progress=lambda done, total: None)
+    assert stopped is not None and stopped.deactivated == BULK and stopped.remaining == 0
