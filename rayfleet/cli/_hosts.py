@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ._exit import CommandError
-from ._output import Column, emit_fields, emit_json, emit_line, emit_table, json_option, moment, working
+from ._output import Column, counting, emit_fields, emit_json, emit_line, emit_table, json_option, moment
 from ._session import FleetOptions, open_fleet, pass_options
 
 
@@ -40,13 +40,13 @@ def drain(options: FleetOptions, host: str, timeout: float, as_json: bool) -> No
     """Move every agent off HOST (checkpointed and released); it takes no new work until undrain."""
     with open_fleet(options) as fleet:
         _known_host([info.name for info in fleet.hosts()], host)
-        with working(f"draining {host}"):
-            report = fleet.drain(host, timeout=timeout)
+        with counting(f"draining {host}") as progress:
+            report = fleet.drain(host, timeout=timeout, progress=progress)
     if as_json:
         emit_json(report)
     else:
         emit_fields({"checkpointed": report.checkpointed, "released unsaved": report.released_unsaved,
-                     "timed out": report.timed_out}, title=f"drained {report.host}")
+                     "timed out": report.timed_out, "seconds": report.seconds}, title=f"drained {report.host}")
 
 
 @click.command()
