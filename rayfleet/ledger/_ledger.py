@@ -261,6 +261,17 @@ class Ledger:
         batch = list(commits)
         return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
 
+    def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None] | None:
+        """:meth:`commit_checkpoints` if the store can take it without waiting; ``None`` (nothing written) if not.
+
+        Only a SQLite store can tell at once; any other store answers ``None``.
+        """
+        if not isinstance(self._db, SqliteDatabase):
+            return None
+        batch = list(commits)
+        wrote, outcomes = self._db.write_now(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
+        return outcomes if wrote else None
+
     def latest_checkpoints(
         self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
     ) -> list[CheckpointRow]:

@@ -98,14 +98,22 @@ class LocalLedgerClient:
         ledger: the ledger to serve, or a path to a SQLite ledger file (created if missing).
         threads: run operations on this many worker threads (0: on the caller's thread).
         observe: told of every operation once it finished (for metrics); must not block.
+        small_commits: a ``commit_checkpoints`` of at most this many checkpoints runs on
+            the calling thread even with ``threads``, when the store can take it without
+            waiting for a lock (else on a worker thread as usual). For a SQLite file on
+            this machine the write (one fsync, a fraction of a millisecond) is cheaper
+            than handing it to a worker thread and back, and a batch that small means
+            few turns wait.
     """
 
     def __init__(
         self, ledger: Ledger | str | Path, *, threads: int = 0, observe: OperationObserver | None = None,
+        small_commits: int = 0,
     ) -> None:
         self.ledger = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
         self.route = "direct"
         self._observe = observe
+        self._small_commits = small_commits
         self._executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rayfleet-ledger")
             if threads > 0
@@ -187,7 +195,21 @@ class LocalLedgerClient:
         return self._run(self.ledger.high_water, identity)
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+        if len(commits) <= self._small_commits:
+            started = time.perf_counter()
+            try:
+                outcomes = self.ledger.commit_checkpoints_now(commits)
+            except RayfleetError as error:
+                self._heard("commit_checkpoints", type(error).__name__, started)
+                return Completed(error=error)
+            if outcomes is not None:
+                self._heard("commit_checkpoints", "OK", started)
+                return Completed(outcomes)
         return self._run(self.ledger.commit_checkpoints, commits)
+
+    def _heard(self, operation: str, outcome: str, started: float) -> None:
+        if self._observe is not None:
+            self._observe(operation, outcome, time.perf_counter() - started)
 
     def latest_checkpoints(
         self, *, after: str = "", limit: int = 1000, agent_class: str | None = None

@@ -50,6 +50,7 @@ class SqliteDatabase:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._busy_timeout = busy_timeout
         self._incarnation = uuid.uuid4().hex
         try:
             self._connection = sqlite3.connect(
@@ -93,6 +94,39 @@ class SqliteDatabase:
                     raise self._unavailable(error) from None
                 raise
             return result
+
+    def write_now(self, fn: Callable[[Transaction], T]) -> tuple[bool, T | None]:
+        """:meth:`write`, but only if nothing has to be waited for: ``(False, None)`` when this
+        process or another holds the write lock at this moment, else ``(True, result)``.
+
+        For callers on an event loop, which must not sleep in SQLite's busy handler.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False, None
+        try:
+            self._connection.execute("PRAGMA busy_timeout = 0")
+            try:
+                self._connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if getattr(error, "sqlite_errorname", None) in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                    return False, None
+                raise
+            finally:
+                self._connection.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            try:
+                result = fn(self._connection)
+                self._connection.execute("COMMIT")
+            except BaseException:
+                if self._connection.in_transaction:
+                    self._connection.execute("ROLLBACK")
+                raise
+            return True, result
+        except sqlite3.OperationalError as error:
+            if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
+                raise self._unavailable(error) from None
+            raise
+        finally:
+            self._lock.release()
 
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.

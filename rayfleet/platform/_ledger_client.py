@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..checkpoints._committer import INLINE_BATCH_ROWS
 from ..errors import FleetNotFoundError, FleetUnavailableError, RayfleetError
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import Ledger
@@ -74,7 +75,7 @@ async def connect_ledger_from(location: LedgerLocation, *, namespace: str, node:
     try:
         direct = LocalLedgerClient(
             Ledger(SqliteDatabase(location.path), authority=False), threads=DIRECT_CLIENT_THREADS,
-            observe=_direct_metrics().operation,
+            observe=_direct_metrics().operation, small_commits=INLINE_BATCH_ROWS,
         )
     except RayfleetError as error:
         log.warning("opening the ledger file %s directly failed (%s); going through the ledger actor",

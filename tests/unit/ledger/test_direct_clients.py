@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import sqlite3
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
 import rayfleet as rf
+from rayfleet.identity._values import SnapshotPointer
 from rayfleet.ledger._ledger import Ledger
-from rayfleet.ledger._local import LocalLedgerClient
-from rayfleet.ledger._values import Activation, SpecRecord
+from rayfleet.ledger._local import Completed, LocalLedgerClient
+from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
 from rayfleet.testing import ManualClock
 
 TTL = 10.0
@@ -59,3 +62,36 @@ def test_a_direct_client_reports_every_operation_with_its_outcome(tmp_path: Path
     finally:
         client.close()
     assert heard == [("fleet_identity", "OK"), ("set_lifecycle", "UnknownIdentityError")]
+
+
+def test_a_small_commit_is_written_at_once_and_waits_on_a_worker_thread_only_while_the_file_is_locked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    spec = rf.AgentSpec(identity="a", agent=Plain)
+    ledger.register(SpecRecord(identity="a", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                               agent_class=spec.agent_class_path))
+    activation = acquire(ledger, "h")
+    assert isinstance(activation, Activation)
+    token = activation.grant.fencing_token
+    client = LocalLedgerClient(ledger, threads=2, small_commits=8)
+
+    def commit(version: int) -> CheckpointCommit:
+        pointer = SnapshotPointer(file="", row=0, version=version, inline=b"state")
+        return CheckpointCommit(identity="a", fencing_token=token, version=version, pointer=pointer)
+
+    try:
+        done = client.commit_checkpoints([commit(1)])
+        assert isinstance(done, Completed) and done.result() == [None]  # no thread hand-off
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        waiting = client.commit_checkpoints([commit(2)])
+        assert not isinstance(waiting, Completed)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.3)  # waits on a worker thread, not on the caller's
+        other.execute("ROLLBACK")
+        assert waiting.result(timeout=5) == [None]
+        assert ledger.resolve(["a"])["a"].snapshot == SnapshotPointer(file="", row=0, version=2)
+    finally:
+        client.close()
