@@ -844,8 +844,15 @@ class HostRuntime:
         return tally.done
 
     async def _deactivate_in_batches(self, entries: list[HostedAgent], tally: _Tally) -> None:
-        for start in range(0, len(entries), DEACTIVATE_BATCH):
-            await self._deactivate_batch(entries[start:start + DEACTIVATE_BATCH], tally)
+        # Agents in a turn now go one by one, so that a long turn holds up only its own
+        # agent, never the release of a whole batch of idle ones.
+        idle: list[HostedAgent] = []
+        busy: list[HostedAgent] = []
+        for entry in entries:
+            (busy if entry.turn_lock.locked() else idle).append(entry)
+        for start in range(0, len(idle), DEACTIVATE_BATCH):
+            await self._deactivate_batch(idle[start:start + DEACTIVATE_BATCH], tally)
+        await asyncio.gather(*(self._deactivate_batch([entry], tally) for entry in busy))
 
     async def _deactivate_batch(self, entries: list[HostedAgent], tally: _Tally) -> None:
         """Retire ``entries`` as :meth:`deactivate` does one, with their commits grouped and one release call."""

@@ -22,7 +22,7 @@ EXPECTED_NAMES = {
     "ChatClient", "ChatMessage", "ChatModel", "ChatReply", "reply_with_usage",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
-    "ApplyReport", "DrainReport", "ExportReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",
+    "ApplyReport", "DeactivationReport", "DrainReport", "ExportReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",
     "DeliveryError", "IdentityError", "InternalError", "ModelError", "ModelRequestError", "ModelResponseError",
     "ModelTimeoutError", "ModelUnavailableError", "UnknownDeadLetterError", "UnknownRunError", "UsageError",
     "WorkflowError", "RunOwnedElsewhereError", "StaleRunTokenError",
