@@ -157,25 +157,30 @@ class DedupWindow:
     """The last ``capacity`` idempotency keys of an agent with their replies.
 
     FIFO, not LRU: seeing a key again does not refresh it, so the oldest keys leave
-    first whatever their traffic, and a hot key cannot keep a newer one out.
+    first whatever their traffic, and a hot key cannot keep a newer one out. The
+    window's map is made with its first key: most agents of a large fleet never see one.
     """
+
+    __slots__ = ("_replies", "capacity")
 
     def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
         self.capacity = max(int(capacity), 1)
-        self._replies: OrderedDict[str, bytes] = OrderedDict()
+        self._replies: OrderedDict[str, bytes] | None = None
 
     def __len__(self) -> int:
-        return len(self._replies)
+        return 0 if self._replies is None else len(self._replies)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._replies
+        return self._replies is not None and key in self._replies
 
     def get(self, key: str) -> bytes | None:
-        return self._replies.get(key)
+        return None if self._replies is None else self._replies.get(key)
 
     def insert(self, key: str, reply: bytes) -> bool:
         """Remember ``key``; ``False`` (and nothing changes) if it is already known."""
-        if key in self._replies:
+        if self._replies is None:
+            self._replies = OrderedDict()
+        elif key in self._replies:
             return False
         while len(self._replies) >= self.capacity:
             self._replies.popitem(last=False)
@@ -191,6 +196,8 @@ class FenceMap:
     the map grows past the soft cap, entries idle for ``ttl`` seconds are swept, at
     most once per ``sweep_interval``.
     """
+
+    __slots__ = ("_entries", "_last_sweep", "soft_cap", "sweep_interval", "ttl")
 
     def __init__(
         self, *, soft_cap: int = FENCE_MAP_SOFT_CAP, ttl: float = FENCE_ENTRY_TTL,

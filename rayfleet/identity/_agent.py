@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import json
 import math
+import sys
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
@@ -130,8 +131,9 @@ class Agent:
 
 
 def agent_class_path(agent_class: type[Agent]) -> str:
-    """``module:QualName`` of an agent class, the form rosters use."""
-    return f"{agent_class.__module__}:{agent_class.__qualname__}"
+    """``module:QualName`` of an agent class, the form rosters use (one interned string per class)."""
+    # Interned: a host keeps this string for each of its (up to 100,000) agents.
+    return sys.intern(f"{agent_class.__module__}:{agent_class.__qualname__}")
 
 
 def resolve_agent_class(agent: object) -> type[Agent]:
