@@ -55,7 +55,7 @@ from ..roster._roster import RosterChange, load_roster, plan_roster, validate_ro
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ._binding import require_fleet_marker
 from ._host_actor import NODE_ANSWER_TIMEOUT, launch_host
-from ._ledger_actor import RayLedgerClient
+from ._ledger_actor import LEDGER_ACTOR_NAME
 from ._ledger_client import attach_ledger, start_ledger
 from ._placement import (
     HOST_NAME_PREFIX,
@@ -947,8 +947,10 @@ class Fleet:
                     with contextlib.suppress(ValueError):
                         ray.kill(ray.get_actor(name, namespace=self.config.namespace))
             self._runner.stop()
-            if isinstance(self._ledger, RayLedgerClient):
-                ray.kill(self._ledger.actor)
+            if not self.ledger_location.networked:
+                # The SQLite ledger's actor, whether this driver called it or wrote the file itself.
+                with contextlib.suppress(ValueError):
+                    ray.kill(ray.get_actor(LEDGER_ACTOR_NAME, namespace=self.config.namespace))
         if isinstance(self._ledger, LocalLedgerClient):
             self._ledger.close()  # a direct client's connections and threads
         if self._started_ray:

@@ -69,22 +69,33 @@ async def connect_ledger_from(location: LedgerLocation, *, namespace: str, node:
     client = connect_ledger(location, namespace=namespace)
     if not isinstance(client, RayLedgerClient) or not location.path.is_file():
         return client
-    served_node, fleet = await client.serving()
-    if served_node != node:
-        return client
+    return _beside_the_file(location, await client.serving(), node=node) or client
+
+
+def _beside_the_file(
+    location: LedgerLocation, serving: tuple[str, str | None], *, node: str,
+) -> LocalLedgerClient | None:
+    """A direct client of the SQLite file, when this process (on ``node``) may write it; else ``None``.
+
+    ``serving`` is what the ledger actor answered: its node and the fleet id it serves.
+    """
+    served_node, fleet = serving
+    if served_node != node or not location.path.is_file():
+        return None
     try:
         direct = LocalLedgerClient(
             Ledger(SqliteDatabase(location.path), authority=False), threads=DIRECT_CLIENT_THREADS,
             observe=_direct_metrics().operation, small_commits=INLINE_BATCH_ROWS,
         )
+        found = direct.ledger.fleet_identity()
     except RayfleetError as error:
         log.warning("opening the ledger file %s directly failed (%s); going through the ledger actor",
                     location.path, error.message)
-        return client
-    if await direct.fleet_identity() != fleet:
+        return None
+    if found != fleet:
         # Not the file the actor serves (another mount under the same path): never write to it.
         direct.close()
-        return client
+        return None
     return direct
 
 
@@ -96,6 +107,9 @@ def _direct_metrics() -> RayLedgerMetrics:
 
 def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node: str | None = None) -> LedgerClient:
     """The driver's client: creates the ledger actor of a SQLite ledger if needed, and binds the fleet.
+
+    The client is direct where the store allows (see :func:`connect_ledger_from`): a
+    PostgreSQL pool, or the SQLite file itself when this driver runs on its node.
 
     The actor is pinned to ``node`` (a Ray node id), by default the head node: a
     SQLite file belongs to one machine, and an actor restarted on another node would
@@ -123,6 +137,10 @@ def start_ledger(location: LedgerLocation, *, namespace: str, storage: str, node
             ray.kill(handle)
             raise
     bind_fleet(client, storage=storage, ledger_shown=location.shown)
+    if isinstance(client, RayLedgerClient):
+        # A driver on the file's node (a laptop, a job on the head node) writes it itself too.
+        here = str(ray.get_runtime_context().get_node_id())
+        return _beside_the_file(location, client.serving().result(), node=here) or client
     return client
 
 
