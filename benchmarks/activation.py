@@ -34,7 +34,7 @@ class ActivationSizes:
 
 SIZES: dict[Mode, ActivationSizes] = {
     "full": ActivationSizes(rounds=5, identities=2_000, actors=40),
-    "quick": ActivationSizes(rounds=5, identities=300, actors=4),
+    "quick": ActivationSizes(rounds=5, identities=200, actors=2),
     "smoke": ActivationSizes(rounds=5, identities=4, actors=1),
 }
 

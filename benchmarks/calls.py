@@ -41,7 +41,7 @@ class LatencySizes:
 
 LATENCY: dict[Mode, LatencySizes] = {
     "full": LatencySizes(rounds=6, calls=400, warmup=100),
-    "quick": LatencySizes(rounds=5, calls=150, warmup=40),
+    "quick": LatencySizes(rounds=5, calls=100, warmup=30),
     "smoke": LatencySizes(rounds=5, calls=8, warmup=3),
 }
 
@@ -90,7 +90,7 @@ class ThroughputSizes:
 
 THROUGHPUT: dict[Mode, ThroughputSizes] = {
     "full": ThroughputSizes(rounds=5, identities=1_000, asks=3_000),
-    "quick": ThroughputSizes(rounds=5, identities=1_000, asks=800),
+    "quick": ThroughputSizes(rounds=5, identities=500, asks=300),
     "smoke": ThroughputSizes(rounds=5, identities=20, asks=40),
 }
 

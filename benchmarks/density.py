@@ -41,12 +41,12 @@ class DensitySizes:
     """Live agents at the end (``agents / rounds`` activated per round)."""
     actors: int
     """Plain actors measured in all (``actors / rounds`` per round)."""
-    in_flight: int = 500
+    in_flight: int = 256
 
 
 SIZES: dict[Mode, DensitySizes] = {
     "full": DensitySizes(rounds=5, agents=100_000, actors=50),
-    "quick": DensitySizes(rounds=5, agents=20_000, actors=10),
+    "quick": DensitySizes(rounds=5, agents=5_000, actors=10),
     "smoke": DensitySizes(rounds=5, agents=200, actors=5),
 }
 
@@ -138,6 +138,8 @@ def density(context: Context, store: Store) -> list[Result]:
         answered=answered,
         spawn_many_seconds=round(spawn_seconds, 2),
         activation_per_second=round(activated / sum(figures["activation_seconds"]), 1),
+        activation_per_second_by_round=[round(activated / sizes.rounds / seconds, 1)
+                                        for seconds in figures["activation_seconds"]],
         host_rss_before_mib=round(figures["resident_before"] / 2**20, 1),
         host_rss_after_mib=round(figures["resident_after"] / 2**20, 1),
         kib_per_agent_overall=round(overall, 3),

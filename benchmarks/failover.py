@@ -49,7 +49,7 @@ class FailoverSizes:
 
 SIZES: dict[Mode, FailoverSizes] = {
     "full": FailoverSizes(rounds=5, agents=1_000, lease_ttl=5.0),
-    "quick": FailoverSizes(rounds=5, agents=200, lease_ttl=3.0),
+    "quick": FailoverSizes(rounds=3, agents=100, lease_ttl=3.0),
     "smoke": FailoverSizes(rounds=2, agents=20, lease_ttl=2.0),
 }
 ACTIVATE_IN_FLIGHT = 256

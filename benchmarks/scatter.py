@@ -32,7 +32,7 @@ class ScatterSizes:
 
 SIZES: dict[Mode, ScatterSizes] = {
     "full": ScatterSizes(rounds=6, agents=1_000),
-    "quick": ScatterSizes(rounds=5, agents=1_000),
+    "quick": ScatterSizes(rounds=5, agents=300),
     "smoke": ScatterSizes(rounds=5, agents=20),
 }
 

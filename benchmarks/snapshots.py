@@ -53,7 +53,7 @@ class SnapshotSizes:
 
 SIZES: dict[Mode, SnapshotSizes] = {
     "full": SnapshotSizes(rounds=5, states=10_000, batch=1_000, files=1_000),
-    "quick": SnapshotSizes(rounds=5, states=5_000, batch=1_000, files=300),
+    "quick": SnapshotSizes(rounds=5, states=5_000, batch=1_000, files=200),
     "smoke": SnapshotSizes(rounds=5, states=20, batch=10, files=10),
 }
 

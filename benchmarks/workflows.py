@@ -32,7 +32,7 @@ class ChainSizes:
 
 SIZES: dict[Mode, ChainSizes] = {
     "full": ChainSizes(rounds=6, steps=100),
-    "quick": ChainSizes(rounds=5, steps=100),
+    "quick": ChainSizes(rounds=5, steps=30),
     "smoke": ChainSizes(rounds=5, steps=2),
 }
 
