@@ -26,6 +26,7 @@ import ray
 import rayfleet as rf
 
 from ._agents import plain_actor
+from ._measure import Retries
 from ._report import Result
 
 Mode = Literal["full", "quick", "smoke"]
@@ -35,6 +36,13 @@ POSTGRES_SERVER = os.environ.get("RAYFLEET_BENCH_POSTGRES", "postgresql://postgr
 """The server PostgreSQL ledgers are made on (trust auth on the local server by default)."""
 HOSTS = 2
 """Host actors per fleet: one per CPU of the 2-CPU machine the figures are taken on."""
+RETRIED: tuple[type[BaseException], ...] = (rf.LeaseLostError, rf.LedgerUnavailableError, rf.FleetUnavailableError)
+"""Errors whose message tells the caller to retry: a call failing with one is retried (and counted)."""
+
+
+def retries() -> Retries:
+    """A fresh counter of retried calls (see :data:`RETRIED`)."""
+    return Retries(RETRIED)
 
 
 @dataclass(frozen=True, slots=True)

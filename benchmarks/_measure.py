@@ -12,6 +12,7 @@ import asyncio
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -120,3 +121,40 @@ async def in_flight(count: int, concurrency: int, call: Callable[[int], Awaitabl
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
     return time.perf_counter() - started
+
+
+class Retries:
+    """Makes calls, retrying those that fail with one of ``errors``; counts every retry by error type.
+
+    For the errors a system asks its callers to retry (a lease that moved mid-call, say):
+    one of them on a loaded machine should cost a retry, which the figure then includes,
+    not the whole benchmark. The counts go into the row's detail.
+    """
+
+    def __init__(self, errors: tuple[type[BaseException], ...], *, attempts: int = 5) -> None:
+        self.errors = errors
+        self.attempts = attempts
+        self.counts: Counter[str] = Counter()
+
+    def call(self, work: Callable[[], T]) -> T:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return work()
+            except self.errors as error:
+                if attempt == self.attempts:
+                    raise
+                self.counts[type(error).__name__] += 1
+        raise AssertionError("unreachable")
+
+    async def ask(self, work: Callable[[], Awaitable[T]]) -> T:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await work()
+            except self.errors as error:
+                if attempt == self.attempts:
+                    raise
+                self.counts[type(error).__name__] += 1
+        raise AssertionError("unreachable")
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.counts)

@@ -91,10 +91,10 @@ class Result:
         row: dict[str, Any] = {
             "name": self.name, "rayfleet": _finite(self.rayfleet), "baseline": _finite(self.baseline),
             "ratio": _finite(self.ratio), "unit": self.unit, "target": self.target, "pass": self.passed,
-            "spread": dict(self.spread),
+            "spread": _plain(self.spread),
         }
         if self.detail:
-            row["detail"] = dict(self.detail)
+            row["detail"] = _plain(self.detail)
         if self.error is not None:
             row["error"] = self.error
         return row
@@ -125,6 +125,17 @@ def failed(name: str, error: BaseException, *, detail: Mapping[str, Any] | None 
     text = f"{type(error).__name__}: {error}"
     return Result(name=name, rayfleet=None, baseline=None, ratio=None, unit="", target="", passed=False,
                   detail=dict(detail or {}), error=text)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every non-finite float (a round with nothing to divide by) as ``None``: JSON has no infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _finite(value: float | None) -> float | None:

@@ -22,8 +22,8 @@ import ray
 import rayfleet as rf
 
 from ._agents import BenchAgent
-from ._context import STORES, Context, Mode, Store, Unit, plain_actors
-from ._measure import in_flight, interleave, interleave_async, latencies_ms, percentile, summarize
+from ._context import STORES, Context, Mode, Store, Unit, plain_actors, retries
+from ._measure import Retries, in_flight, interleave, interleave_async, latencies_ms, percentile, summarize
 from ._report import Result, at_least, at_most, measured
 
 DURABILITIES = {"periodic": rf.Durability.PERIODIC, "every_turn": rf.Durability.EVERY_TURN}
@@ -40,7 +40,7 @@ class LatencySizes:
 
 
 LATENCY: dict[Mode, LatencySizes] = {
-    "full": LatencySizes(rounds=6, calls=400, warmup=100),
+    "full": LatencySizes(rounds=5, calls=400, warmup=100),
     "quick": LatencySizes(rounds=5, calls=100, warmup=30),
     "smoke": LatencySizes(rounds=5, calls=8, warmup=3),
 }
@@ -49,12 +49,13 @@ LATENCY: dict[Mode, LatencySizes] = {
 def latency(context: Context, store: Store) -> list[Result]:
     """B1: p50 and p99 of one caller's ``ref.call`` (PERIODIC and EVERY_TURN) beside a plain actor call."""
     sizes = LATENCY[context.mode]
+    retried = retries()
     with context.fleet(store) as fleet, plain_actors(1) as (plain,):
         refs = {name: fleet.spawn(f"b1/{name.replace('_', '-')}", BenchAgent, durability=durability)
                 for name, durability in DURABILITIES.items()}
         calls: dict[str, Callable[[], object]] = {"baseline": lambda: ray.get(plain.add.remote(1))}
         for name, ref in refs.items():
-            calls[name] = lambda ref=ref: ref.call("add", n=1)  # type: ignore[misc]
+            calls[name] = lambda ref=ref: retried.call(lambda: ref.call("add", n=1))  # type: ignore[misc]
         for call in calls.values():
             latencies_ms(call, sizes.warmup)
         rounds = interleave(sizes.rounds, {name: (lambda call=call: latencies_ms(call, sizes.calls))  # type: ignore[misc]
@@ -73,7 +74,8 @@ def latency(context: Context, store: Store) -> list[Result]:
                 detail=context.detail(sizes, baseline=LATENCY_BASELINE,
                                       rayfleet_call=f'ref.call("add", n=1), {name.upper()} durability',
                                       pooled_rayfleet_ms=percentile(pooled, fraction),
-                                      pooled_baseline_ms=percentile(pooled_baseline, fraction)),
+                                      pooled_baseline_ms=percentile(pooled_baseline, fraction),
+                                      retried=retried.as_dict()),
             ))
     return rows
 
@@ -89,7 +91,7 @@ class ThroughputSizes:
 
 
 THROUGHPUT: dict[Mode, ThroughputSizes] = {
-    "full": ThroughputSizes(rounds=5, identities=1_000, asks=3_000),
+    "full": ThroughputSizes(rounds=5, identities=1_000, asks=2_000),
     "quick": ThroughputSizes(rounds=5, identities=500, asks=300),
     "smoke": ThroughputSizes(rounds=5, identities=20, asks=40),
 }
@@ -97,13 +99,15 @@ THROUGHPUT: dict[Mode, ThroughputSizes] = {
 
 async def _ask_rounds(
     groups: dict[str, list[rf.AgentRef]], actors: Sequence[ray.actor.ActorHandle], sizes: ThroughputSizes,
+    retried: Retries,
 ) -> dict[str, list[float]]:
     async def plain(index: int) -> object:
         return await actors[index % len(actors)].add.remote(1)
 
     def asker(refs: list[rf.AgentRef]) -> Callable[[int], Awaitable[object]]:
         async def ask(index: int) -> object:
-            return await refs[index % len(refs)].ask("add", n=1)
+            ref = refs[index % len(refs)]
+            return await retried.ask(lambda: ref.ask("add", n=1))
         return ask
 
     calls: dict[str, Callable[[int], Awaitable[object]]] = {"baseline": plain}
@@ -123,6 +127,7 @@ async def _ask_rounds(
 def throughput(context: Context, store: Store) -> list[Result]:
     """B2: asks per second over ``identities`` agents with 64 in flight, beside plain actors (one per host)."""
     sizes = THROUGHPUT[context.mode]
+    retried = retries()
     with context.fleet(store) as fleet:
         hosts = len(fleet.hosts())
         groups = {
@@ -131,7 +136,7 @@ def throughput(context: Context, store: Store) -> list[Result]:
             for name, durability in DURABILITIES.items()
         }
         with plain_actors(hosts) as actors:
-            rounds = asyncio.run(_ask_rounds(groups, actors, sizes))
+            rounds = asyncio.run(_ask_rounds(groups, actors, sizes, retried))
     baseline = summarize(rounds["baseline"])
     rows = []
     for name in DURABILITIES:
@@ -140,6 +145,7 @@ def throughput(context: Context, store: Store) -> list[Result]:
                             f"{sizes.in_flight} in flight",
             rayfleet_call=f'await ref.ask("add", n=1) round robin over {sizes.identities} agents, '
                           f"{name.upper()} durability, {sizes.in_flight} in flight",
+            retried=retried.as_dict(),
         )
         rows.append(measured(f"B2 throughput {name} {store}", rayfleet=summarize(rounds[name]), baseline=baseline,
                              unit="asks/s", target=at_least(0.8 if name == "periodic" else 0.6), detail=detail))

@@ -9,10 +9,15 @@ Then the host holding the most of them is faulted:
 * freeze: ``SIGSTOP`` of its process (its pid from an agent handler), ``SIGCONT``
   once every agent answered again.
 
-From the fault on, every agent of that host is asked (all at once, each retried
-until it answers); the figure is the seconds until the last one answered. Kill and
-freeze rounds alternate. The lease TTL is passed to ``rf.connect`` explicitly; the
-target is that TTL plus 2 s. No baseline: Ray itself has no failover for actor state.
+From the fault on, every agent of that host is asked for its process id (all at once,
+each retried until it answers from another process: ``ray.kill`` returns before the
+actor is gone, and the dying actor may still serve a call); the figure is the seconds
+until the last one answered. Kill and freeze rounds alternate, the order rotating, and
+each round's entry in the detail says how long after the previous fault it began (a
+host that took over a frozen host's requests stays suspect for the router a while,
+which a fault soon after that can feel). The lease TTL is passed to ``rf.connect``
+explicitly; the target is that TTL plus 2 s. No baseline: Ray itself has no failover
+for actor state.
 """
 
 from __future__ import annotations
