@@ -1,147 +1,114 @@
-"""Run the benchmarks: ``python -m benchmarks [--quick] [--out PATH]``.
+"""Run the benchmark suite: ``python -m benchmarks [--quick] [--only B1,B5] [--out PATH]`` (also ``rayfleet bench``).
 
-Every figure is measured in the same run as its raw-Ray baseline, on the same local
-Ray, and written as JSON (name, rayfleet figure, baseline figure, ratio, unit, target).
+Each benchmark (B1..B9, see the modules' docstrings and issue 12) measures rayfleet
+beside its raw-Ray baseline in the same process, in interleaved rounds after a
+warm-up, and reports the median over rounds and the spread of both sides. Rows are
+printed as they finish, a table at the end, and everything is written as JSON
+(default ``benchmarks/results/latest.json``). A missed target, or a benchmark that
+raised, is a row with ``pass`` false; the exit code is 0 either way.
+
+A local Ray (2 CPUs, no dashboard) is started unless this process already has one;
+only a Ray started here is shut down at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import platform
-import statistics
-import tempfile
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import ray
+from rich.console import Console
 
-import rayfleet as rf
+from . import activation, calls, density, failover, scatter, snapshots, spawning, workflows
+from ._context import Context, Mode, PostgresLedgers, Unit
+from ._report import Result, failed, line, show, write
 
-
-class BenchCounter(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        return self.state.total
-
-
-@ray.remote(num_cpus=0)
-class PlainCounter:
-    def __init__(self) -> None:
-        self.total = 0
-
-    async def add(self, n: int) -> int:
-        self.total += n
-        return self.total
+UNITS: tuple[Unit, ...] = (
+    *calls.UNITS, *activation.UNITS, *density.UNITS, *scatter.UNITS, *workflows.UNITS, *snapshots.UNITS,
+    *failover.UNITS, *spawning.UNITS,
+)
+IDS = tuple(dict.fromkeys(unit.id for unit in UNITS))
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
-def _percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+def _ids(text: str) -> list[str]:
+    wanted = [part.strip().upper() for part in text.split(",") if part.strip()]
+    unknown = [part for part in wanted if part not in IDS]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(f"unknown benchmark id(s) {', '.join(unknown) or text!r}; "
+                                         f"choose from {', '.join(IDS)}")
+    return wanted
 
 
-def _latencies(call: Any, count: int, warmup: int = 30) -> list[float]:
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="smaller sizes (under 3 minutes on 2 CPUs)")
+    sizes.add_argument("--smoke", action="store_true", help="the smallest sizes (the smoke test's; figures "
+                                                            "mean little)")
+    parser.add_argument("--only", type=_ids, default=None, metavar="B1,B5", help="run only these benchmarks")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default: {DEFAULT_OUT})")
+    return parser
 
 
-def bench_call_latency(fleet: rf.Fleet, count: int) -> list[dict[str, Any]]:
-    plain = PlainCounter.remote()
-    every = fleet.spawn("bench/every-turn", BenchCounter)
-    periodic = fleet.spawn("bench/periodic", BenchCounter, durability=rf.Durability.PERIODIC)
-    results = []
-    # Interleave rounds so drift on a shared machine hits both sides alike.
-    plain_samples: list[float] = []
-    every_samples: list[float] = []
-    periodic_samples: list[float] = []
-    for _ in range(3):
-        plain_samples += _latencies(lambda: ray.get(plain.add.remote(1)), count // 3)
-        every_samples += _latencies(lambda: every.call("add", n=1), count // 3)
-        periodic_samples += _latencies(lambda: periodic.call("add", n=1), count // 3)
-    for name, samples, target in (
-        ("call_p50_every_turn_ms", every_samples, 3.0),
-        ("call_p50_periodic_ms", periodic_samples, 1.5),
-    ):
-        rayfleet_p50, baseline_p50 = statistics.median(samples), statistics.median(plain_samples)
-        results.append(_row(name, rayfleet_p50, baseline_p50, "ms", f"ratio <= {target}"))
-    for name, samples in (("call_p99_every_turn_ms", every_samples), ("call_p99_periodic_ms", periodic_samples)):
-        results.append(_row(name, _percentile(samples, 0.99), _percentile(plain_samples, 0.99), "ms", "report"))
+def run(mode: Mode, *, only: Sequence[str] | None = None, out: Path = DEFAULT_OUT,
+        on_result: Callable[[Result], None] | None = None, say: Callable[[str], None] = print) -> list[Result]:
+    """Run the benchmarks (all, or ``only`` these ids) at ``mode``'s sizes; write ``out``; return the rows.
+
+    Uses the Ray this process already has, else starts a local one (and then shuts it down).
+    """
+    units = [unit for unit in UNITS if only is None or unit.id in only]
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        started_ray = True
+    postgres = PostgresLedgers()
+    context = Context(mode, postgres=postgres)
+    results: list[Result] = []
+    skipped: list[dict[str, str]] = []
+    began = time.perf_counter()
+    try:
+        for unit in units:
+            if unit.store == "postgresql" and (problem := postgres.problem()) is not None:
+                skipped.append({"benchmark": unit.label, "reason": problem})
+                say(f"skipped {unit.label}: {problem}")
+                continue
+            unit_began = time.perf_counter()
+            try:
+                rows = unit.run(context, unit.store)
+            except Exception as error:  # noqa: BLE001 - one benchmark's failure is its row; the rest still run
+                rows = [failed(unit.label, error)]
+            for row in rows:
+                results.append(row)
+                if on_result is not None:
+                    on_result(row)
+            say(f"  ({unit.label}: {time.perf_counter() - unit_began:.1f} s)")
+    finally:
+        postgres.close()
+        try:
+            write(out, mode=mode, results=results, skipped=skipped, seconds=time.perf_counter() - began)
+        finally:
+            if started_ray:
+                ray.shutdown()
     return results
 
 
-def bench_activation(fleet: rf.Fleet, agents: int, actors: int) -> list[dict[str, Any]]:
-    """New identities per second (spawn + first call) against new Ray actors per second (create + first call)."""
-    names = [f"bench/activate-{index}" for index in range(agents)]
-
-    async def activate_all() -> None:
-        refs = [fleet.spawn(name, BenchCounter) for name in names]
-        await asyncio.gather(*(ref.ask("add", n=1) for ref in refs))
-
-    started = time.perf_counter()
-    asyncio.run(activate_all())
-    rayfleet_rate = agents / (time.perf_counter() - started)
-
-    started = time.perf_counter()
-    handles = [PlainCounter.remote() for _ in range(actors)]
-    ray.get([handle.add.remote(1) for handle in handles])
-    baseline_rate = actors / (time.perf_counter() - started)
-    for handle in handles:
-        ray.kill(handle)
-    return [_row("activations_per_second", rayfleet_rate, baseline_rate, "1/s", "ratio >= 10")]
-
-
-def _row(name: str, rayfleet_value: float, baseline: float, unit: str, target: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "rayfleet": round(rayfleet_value, 4),
-        "baseline_raw_ray": round(baseline, 4),
-        "ratio": round(rayfleet_value / baseline, 3) if baseline else None,
-        "unit": unit,
-        "target": target,
-    }
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run every benchmark; ``argv`` as on the command line (``None``: ``sys.argv``; ``rayfleet bench`` passes one)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "latest.json"))
-    options = parser.parse_args(argv)
-    calls, agents, actors = (600, 500, 20) if options.quick else (3000, 2000, 50)
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    storage = tempfile.mkdtemp(prefix="rayfleet-bench-")
-    fleet = rf.connect(storage=storage, namespace="rayfleet-bench", hosts=2)
-    try:
-        results = bench_call_latency(fleet, calls) + bench_activation(fleet, agents, actors)
-    finally:
-        fleet.shutdown(stop_actors=True)
-        ray.shutdown()
-    report = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "mode": "quick" if options.quick else "full",
-        "machine": {"cpus": 2, "python": platform.python_version(), "ray": ray.__version__},
-        "results": results,
-    }
-    Path(options.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(options.out).write_text(json.dumps(report, indent=2) + "\n")
-    for row in results:
-        print(f"{row['name']:<28} rayfleet {row['rayfleet']:>10} {row['unit']:<4} raw Ray {row['baseline_raw_ray']:>10}"
-              f"  ratio {row['ratio']}  (target {row['target']})")
-    print(f"wrote {options.out}")
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; ``argv`` as on the command line (``None``: ``sys.argv[1:]``). Always returns 0."""
+    options = _parser().parse_args(argv)
+    mode: Mode = "smoke" if options.smoke else "quick" if options.quick else "full"
+    # Rows and the table are wide; a pipe or a log file gets them unwrapped rather than at 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    began = time.perf_counter()
+    results = run(mode, only=options.only, out=options.out, on_result=lambda row: console.print(line(row)),
+                  say=lambda text: console.print(text, highlight=False))
+    show(console, results, title=f"rayfleet benchmarks ({mode}, {time.perf_counter() - began:.0f} s)")
+    console.print(f"wrote {options.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

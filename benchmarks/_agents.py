@@ -1,0 +1,71 @@
+"""What the benchmarks run: a trivial rayfleet agent and the plain Ray actor it is compared with.
+
+Both do the same work per call (add to a counter, answer a ping, tell their process id),
+so a ratio between them is the cost rayfleet adds: routing, fencing, leases, durability.
+This module imports little on purpose: the agent class travels to the hosts by value
+(the benchmarks folder is not an installed package), and so does the plain actor class.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import ray
+import ray.cloudpickle
+
+import rayfleet as rf
+
+
+class BenchAgent(rf.Agent):
+    """A counter agent with a small State (one int)."""
+
+    class State(rf.State):
+        total: int = 0
+
+    @rf.handler
+    async def add(self, n: int) -> int:
+        self.state.total += n
+        total: int = self.state.total
+        return total
+
+    @rf.handler
+    async def ping(self) -> int:
+        """A turn that changes nothing."""
+        return 1
+
+    @rf.handler
+    async def pid(self) -> int:
+        """The process id of the host actor this agent runs in."""
+        return os.getpid()
+
+
+@ray.remote(num_cpus=0)
+class PlainActor:
+    """The raw-Ray baseline: an async actor with the same methods as :class:`BenchAgent`."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    async def add(self, n: int) -> int:
+        self.total += n
+        return self.total
+
+    async def ping(self) -> int:
+        return 1
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+def plain_actor() -> ray.actor.ActorHandle:
+    """Start one :class:`PlainActor` (creation returns at once; its first call waits for the process)."""
+    remote: Any = PlainActor  # ray.remote's class wrapper, which the type checker sees as the class itself
+    handle: ray.actor.ActorHandle = remote.remote()
+    return handle
+
+
+# Ray workers need not have this checkout on their path (`rayfleet bench`, a test
+# session's Ray): the actor class travels by value, as the agent class does.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
