@@ -190,7 +190,7 @@ class Soak:
             with self.lock:
                 window, self.latencies = self.latencies, []
                 counts = dict(self.counts)
-            sample = {
+            sample: dict[str, Any] = {
                 "t": round(time.monotonic() - started, 1),
                 "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
                 "calls": len(window),
