@@ -13,6 +13,7 @@ plain actors as the fleet has hosts, also 64 in flight. The figure is asks per s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,10 @@ LATENCY: dict[Mode, LatencySizes] = {
 }
 
 
+def _caller(ref: rf.AgentRef, retried: Retries) -> Callable[[], object]:
+    return lambda: retried.call(lambda: ref.call("add", n=1))
+
+
 def latency(context: Context, store: Store) -> list[Result]:
     """B1: p50 and p99 of one caller's ``ref.call`` (PERIODIC and EVERY_TURN) beside a plain actor call."""
     sizes = LATENCY[context.mode]
@@ -54,11 +59,10 @@ def latency(context: Context, store: Store) -> list[Result]:
         refs = {name: fleet.spawn(f"b1/{name.replace('_', '-')}", BenchAgent, durability=durability)
                 for name, durability in DURABILITIES.items()}
         calls: dict[str, Callable[[], object]] = {"baseline": lambda: ray.get(plain.add.remote(1))}
-        for name, ref in refs.items():
-            calls[name] = lambda ref=ref: retried.call(lambda: ref.call("add", n=1))  # type: ignore[misc]
+        calls.update({name: _caller(ref, retried) for name, ref in refs.items()})
         for call in calls.values():
             latencies_ms(call, sizes.warmup)
-        rounds = interleave(sizes.rounds, {name: (lambda call=call: latencies_ms(call, sizes.calls))  # type: ignore[misc]
+        rounds = interleave(sizes.rounds, {name: functools.partial(latencies_ms, call, sizes.calls)
                                            for name, call in calls.items()})
     rows = []
     for label, fraction in (("p50", 0.5), ("p99", 0.99)):
