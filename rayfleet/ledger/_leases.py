@@ -126,23 +126,40 @@ def acquire(
 
 
 def renew(tx: Transaction, *, holder: str, tokens: Mapping[str, int], now: float) -> dict[str, LeaseGrant | None]:
+    """Extend the presented leases ``holder`` still holds with the presented token; ``None`` for the others.
+
+    Set-based, so that a host renewing 50,000 leases does it in one read (on the
+    ``leases_by_holder`` index) and one batched update, well within a lease TTL.
+    """
+    held = {
+        row[0]: (row[1], row[2])
+        for row in tx.execute("SELECT identity, token, ttl FROM leases WHERE holder = ?", (holder,))
+    }
     results: dict[str, LeaseGrant | None] = {}
+    extended: list[tuple[float, str]] = []
     for identity, token in tokens.items():
-        row = tx.execute("SELECT holder, token, ttl FROM leases WHERE identity = ?", (identity,)).fetchone()
-        if row is None or row[0] != holder or row[1] != token:
+        lease = held.get(identity)
+        if lease is None or lease[0] != token:
             results[identity] = None
             continue
-        tx.execute("UPDATE leases SET expires_at = ? WHERE identity = ?", (now + row[2], identity))
-        results[identity] = LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=row[2])
+        extended.append((now + lease[1], identity))
+        results[identity] = LeaseGrant(identity=identity, holder=holder, fencing_token=token, ttl=lease[1])
+    if extended:
+        tx.executemany("UPDATE leases SET expires_at = ? WHERE identity = ?", extended)
     return results
 
 
 def release(tx: Transaction, *, holder: str, tokens: Mapping[str, int]) -> int:
-    return sum(
-        tx.execute("DELETE FROM leases WHERE identity = ? AND holder = ? AND token = ?",
-                   (identity, holder, token)).rowcount
-        for identity, token in tokens.items()
-    )
+    if len(tokens) == 1:
+        [(identity, token)] = tokens.items()
+        return int(tx.execute("DELETE FROM leases WHERE identity = ? AND holder = ? AND token = ?",
+                              (identity, holder, token)).rowcount)
+    # Many (a bulk deactivation): one read of the holder's leases, one batched delete.
+    held = {row[0]: row[1] for row in tx.execute("SELECT identity, token FROM leases WHERE holder = ?", (holder,))}
+    doomed = [(identity,) for identity, token in tokens.items() if held.get(identity) == token]
+    if doomed:
+        tx.executemany("DELETE FROM leases WHERE identity = ?", doomed)
+    return len(doomed)
 
 
 def free_holder(tx: Transaction, holder: str) -> list[str]:

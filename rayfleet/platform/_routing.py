@@ -63,7 +63,8 @@ def routing_patience_for(lease_ttl: float) -> float:
 DIRECTORY_MAX_AGE = 10.0
 """Seconds after which a request re-reads the ledger's host list before it is routed."""
 SUSPECT_FOR = 10.0
-"""Seconds placement passes over a host that held a request while the identity's lease lapsed."""
+"""Longest time placement passes over a host that held a request while the identity's lease lapsed;
+a fleet with shorter leases suspects for one lease TTL (see :class:`Courier`)."""
 HOLDER_MEMORY = 30.0
 """Seconds a probe's sighting of a host holding an identity's lease counts for later requests."""
 HOLDER_SIGHTINGS_CAP = 10_000
@@ -98,6 +99,8 @@ class HostDirectory:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
+        self.suspect_for = SUSPECT_FOR
+        """Seconds a host that looked frozen is passed over (the courier sets one lease TTL)."""
         self._hosts: dict[str, HostInfo] = {}
         self._handles: dict[str, ray.actor.ActorHandle] = {}
         self._routes: dict[str, str] = {}
@@ -130,8 +133,13 @@ class HostDirectory:
         return trusted or live
 
     def suspect(self, name: str) -> None:
-        """Pass over ``name`` when placing identities for :data:`SUSPECT_FOR` seconds (it looks frozen)."""
-        self._suspect_until[name] = time.monotonic() + SUSPECT_FOR
+        """Pass over ``name`` when placing identities for :attr:`suspect_for` seconds (it looks frozen).
+
+        One lease TTL: a host frozen for longer lets its leases lapse again and is
+        suspected again; one that came back is trusted again by then, rather than
+        leaving a small fleet with no trusted host but the next one to freeze.
+        """
+        self._suspect_until[name] = time.monotonic() + self.suspect_for
         self._forget_host(name)
 
     def saw_holding(self, identity: str, host: str, holder: str) -> None:
@@ -365,6 +373,7 @@ class Courier:
         self, directory: HostDirectory, ledger: LedgerClient, *, lease_ttl: float = DEFAULT_LEASE_TTL
     ) -> None:
         self.directory = directory
+        directory.suspect_for = min(SUSPECT_FOR, lease_ttl)
         self.ledger = ledger
         self.probe_interval = probe_interval_for(lease_ttl)
         self.patience = lease_ttl
