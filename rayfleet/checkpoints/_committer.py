@@ -28,8 +28,12 @@ from ._store import SnapshotRow, SnapshotStore
 
 INLINE_STATE_BYTES = 16 * 1024
 """Default limit: a State whose one-row Arrow encoding is at most this large may travel in the ledger's commit."""
-INLINE_BATCH_ROWS = 8
-"""Batches of more States of one class than this go to one file (shared by all) rather than ledger rows."""
+INLINE_BATCH_ROWS = 64
+"""Batches of more States of one class than this go to one file (shared by all) rather than ledger rows.
+
+64 covers the batches of a host under load (a batch is every checkpoint taken while
+the previous commit was in flight); the large group commits of bulk deactivation go
+to files."""
 
 
 @dataclass(slots=True)

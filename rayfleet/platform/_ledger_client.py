@@ -19,7 +19,6 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..checkpoints._committer import INLINE_BATCH_ROWS
 from ..errors import FleetNotFoundError, FleetUnavailableError, RayfleetError
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import Ledger
@@ -32,6 +31,9 @@ from ._metrics import RayLedgerMetrics
 
 log = logging.getLogger("rayfleet.ledger")
 
+ON_LOOP_COMMITS = 8
+"""A direct SQLite client writes a commit of at most this many checkpoints on the caller's thread (see
+``LocalLedgerClient``): few enough that the turns it holds up are few."""
 DIRECT_CLIENT_THREADS = 8
 """Worker threads of a direct (PostgreSQL) ledger client: ledger calls one process may have in flight."""
 _HEAD_NODE_RESOURCE = "node:__internal_head__"
@@ -85,7 +87,7 @@ def _beside_the_file(
     try:
         direct = LocalLedgerClient(
             Ledger(SqliteDatabase(location.path), authority=False), threads=DIRECT_CLIENT_THREADS,
-            observe=_direct_metrics().operation, small_commits=INLINE_BATCH_ROWS,
+            observe=_direct_metrics().operation, small_commits=ON_LOOP_COMMITS,
         )
         found = direct.ledger.fleet_identity()
     except RayfleetError as error:
