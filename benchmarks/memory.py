@@ -25,26 +25,16 @@ import ray
 
 import rayfleet as rf
 
+from ._agents import BenchAgent
 from .soak import actor_pid, rss_mb, slope
 
 DEDUP_CAPACITY = 200
 """Per-agent idempotency window: small, so that every window is full long before the run ends."""
 
 
-class Tally(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        total: int = self.state.total
-        return total
-
-
 async def run(fleet: rf.Fleet, *, agents: int, messages: int, in_flight: int, sample_every: int) -> dict[str, Any]:
     refs = fleet.spawn_many(
-        rf.AgentSpec(identity=f"memory/{index}", agent=Tally, durability=rf.Durability.PERIODIC,
+        rf.AgentSpec(identity=f"memory/{index}", agent=BenchAgent, durability=rf.Durability.PERIODIC,
                      dedup_capacity=DEDUP_CAPACITY)
         for index in range(agents)
     )

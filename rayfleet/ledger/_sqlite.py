@@ -82,18 +82,9 @@ class SqliteDatabase:
         with self._lock:
             try:
                 self._connection.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(self._connection)
-                    self._connection.execute("COMMIT")
-                except BaseException:
-                    if self._connection.in_transaction:
-                        self._connection.execute("ROLLBACK")
-                    raise
+                return self._finish(fn)
             except sqlite3.OperationalError as error:
-                if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
-                    raise self._unavailable(error) from None
-                raise
-            return result
+                raise self._translated(error) from None
 
     def write_now(self, fn: Callable[[Transaction], T]) -> tuple[bool, T | None]:
         """:meth:`write`, but only if nothing has to be waited for: ``(False, None)`` when this
@@ -113,20 +104,28 @@ class SqliteDatabase:
                 raise
             finally:
                 self._connection.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-            try:
-                result = fn(self._connection)
-                self._connection.execute("COMMIT")
-            except BaseException:
-                if self._connection.in_transaction:
-                    self._connection.execute("ROLLBACK")
-                raise
-            return True, result
+            return True, self._finish(fn)
         except sqlite3.OperationalError as error:
-            if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
-                raise self._unavailable(error) from None
-            raise
+            raise self._translated(error) from None
         finally:
             self._lock.release()
+
+    def _finish(self, fn: Callable[[Transaction], T]) -> T:
+        """Run ``fn`` in the transaction just begun and commit it; roll back if anything fails."""
+        try:
+            result = fn(self._connection)
+            self._connection.execute("COMMIT")
+        except BaseException:
+            if self._connection.in_transaction:
+                self._connection.execute("ROLLBACK")
+            raise
+        return result
+
+    def _translated(self, error: sqlite3.OperationalError) -> Exception:
+        """An outage (locked, full, read-only) as ``LedgerUnavailableError``; any other error as it came."""
+        if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
+            return self._unavailable(error)
+        return error
 
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.
@@ -134,9 +133,7 @@ class SqliteDatabase:
             try:
                 return fn(self._connection)
             except sqlite3.OperationalError as error:
-                if getattr(error, "sqlite_errorname", None) in _UNAVAILABLE:
-                    raise self._unavailable(error) from None
-                raise
+                raise self._translated(error) from None
 
     def _unavailable(self, error: sqlite3.Error) -> LedgerUnavailableError:
         return LedgerUnavailableError(
