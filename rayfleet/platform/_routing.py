@@ -259,7 +259,11 @@ class CallPlan:
             try:
                 return name, self.directory.handle(name)
             except _HostGone:
-                self.dead_hosts.append((name, self.directory.holder_of(name)))
+                # Only passed over, never deregistered: Ray can fail the name lookup of an
+                # actor it is restarting, and by then the holder this directory knows may be
+                # the new incarnation's, whose registration and leases must stay. A call to a
+                # dead handle (on_failure) deregisters the holder it was made to.
+                self.needs_refresh = True
                 continue
 
     def on_reply(self, host: str, reply: tuple[str, Any]) -> tuple[bool, Any]:
