@@ -861,11 +861,8 @@ class HostRuntime:
             async with entry.turn_lock:
                 if entry.dropped:
                     return None
-                if entry.dirty:
-                    await self._commit(entry)  # joins the others of this batch in the committer
-                with contextlib.suppress(Exception):
-                    await entry.agent.on_deactivate()
-                self._discard(entry)
+                # Its commit joins the others of this batch in the committer.
+                await self._retire_entry(entry, checkpoint=True, release=False)
                 return entry.grant.fencing_token
 
         outcomes = await asyncio.gather(*(retire(entry) for entry in entries), return_exceptions=True)
@@ -918,14 +915,15 @@ class HostRuntime:
         return DrainReport(host=self.name, checkpointed=tally.done, released_unsaved=len(tokens),
                            timed_out=not done, seconds=round(self._clock() - started, 3))
 
-    async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool) -> None:
-        """Take ``entry`` out of service (turn lock held); its lease is released."""
+    async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool, release: bool = True) -> None:
+        """Take ``entry`` out of service (turn lock held); its lease is released unless the caller
+        releases it with others (``release=False``)."""
         if checkpoint and entry.dirty:
             await self._commit(entry)
         if checkpoint:
             with contextlib.suppress(Exception):
                 await entry.agent.on_deactivate()
-        await self._drop(entry, reason="", release=True)
+        await self._drop(entry, reason="", release=release)
 
     def _discard(self, entry: HostedAgent) -> None:
         """Never serve ``entry`` again; a later message activates the identity anew."""

@@ -392,13 +392,18 @@ class Fleet:
         Raises:
             FleetUnavailableError: Ray cannot be reached.
         """
+        return self._deactivate_on(self._live_host_handles(), lambda host: host.deactivate_all.remote(),
+                                   progress=progress, timeout=timeout)
+
+    def _deactivate_on(
+        self, handles: list[ray.actor.ActorHandle], request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]],
+        *, progress: Callable[[int, int], None] | None, timeout: float,
+    ) -> DeactivationReport:
+        """Send ``request`` (answered with how many agents a host deactivated) to ``handles``; the report."""
         started = time.monotonic()
-        handles = self._live_host_handles()
-        done = self._await_hosts(lambda host: host.deactivate_all.remote(), handles, progress=progress,
-                                 timeout=timeout)
-        remaining = sum(self._active_counts(handles).values())
-        return DeactivationReport(hosts=len(handles), deactivated=sum(int(d) for d in done if isinstance(d, int)),
-                                  remaining=remaining, seconds=round(time.monotonic() - started, 3))
+        done = self._await_hosts(request, handles, progress=progress, timeout=timeout)
+        return DeactivationReport(hosts=len(handles), deactivated=sum(d for d in done if isinstance(d, int)),
+                                  remaining=self._active_agents(handles), seconds=round(time.monotonic() - started, 3))
 
     def _live_host_handles(self) -> list[ray.actor.ActorHandle]:
         directory = self._courier.directory
@@ -410,16 +415,13 @@ class Fleet:
                     handles.append(directory.handle(name))
         return handles
 
-    def _active_counts(self, handles: list[ray.actor.ActorHandle]) -> dict[int, int]:
-        """Active agents per host (by position in ``handles``); a host that does not answer in time counts 0."""
-        asked = {index: handle.statistics.remote() for index, handle in enumerate(handles)}
-        counts: dict[int, int] = {}
-        for index, ref in asked.items():
-            try:
-                counts[index] = ray.get(ref, timeout=PROGRESS_INTERVAL * 5).active_agents
-            except Exception:  # noqa: BLE001 - a dead or busy host has nothing to report now
-                counts[index] = 0
-        return counts
+    def _active_agents(self, handles: list[ray.actor.ActorHandle]) -> int:
+        """Active agents on these hosts; a host that does not answer in time counts 0."""
+        total = 0
+        for ref in [handle.statistics.remote() for handle in handles]:
+            with contextlib.suppress(Exception):  # a dead or busy host has nothing to report now
+                total += ray.get(ref, timeout=PROGRESS_INTERVAL * 5).active_agents
+        return total
 
     def _await_hosts(
         self, request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]], handles: list[ray.actor.ActorHandle],
@@ -431,7 +433,7 @@ class Fleet:
         instead); after ``timeout`` seconds, the requests still running give ``None``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        total = sum(self._active_counts(handles).values()) if progress is not None else 0
+        total = self._active_agents(handles) if progress is not None else 0
         pending = [request(handle) for handle in handles]
         waiting = list(pending)
         while waiting:
@@ -442,7 +444,7 @@ class Fleet:
             _, waiting = ray.wait(waiting, num_returns=len(waiting),
                                   timeout=PROGRESS_INTERVAL if left is None else min(PROGRESS_INTERVAL, left))
             if progress is not None:
-                active = sum(self._active_counts(handles).values()) if waiting else 0
+                active = self._active_agents(handles) if waiting else 0
                 progress(max(total - active, 0), total)
         replies: list[Any] = []
         for ref in pending:
@@ -929,15 +931,9 @@ class Fleet:
         stop = self._started_ray if stop_actors is None else stop_actors
         report = None
         if stop:
-            started = time.monotonic()
             handles = self._live_host_handles()
-            counts = self._await_hosts(lambda host: host.shutdown.remote(), handles, progress=progress,
-                                       timeout=timeout)
-            remaining = sum(self._active_counts(handles).values())
-            report = DeactivationReport(
-                hosts=len(handles), deactivated=sum(count for count in counts if isinstance(count, int)),
-                remaining=remaining, seconds=round(time.monotonic() - started, 3),
-            )
+            report = self._deactivate_on(handles, lambda host: host.shutdown.remote(), progress=progress,
+                                         timeout=timeout)
             for handle in handles:
                 ray.kill(handle)
             # Host actors the ledger no longer lists (restarted and not started yet, or started

@@ -257,7 +257,6 @@ def test_drain_moves_agents_to_the_other_host(fleet: rf.Fleet) -> None:
     report = fleet.drain(drained)
     assert report == rf.DrainReport(host=drained, checkpointed=len(moving), released_unsaved=0, timed_out=False,
                                     seconds=report.seconds)
-    assert report.seconds > 0
     for identity in moving:
         status = fleet.status(identity)
         assert status.state is rf.LifecycleState.DORMANT

@@ -159,7 +159,6 @@ async def test_a_drain_past_its_deadline_releases_busy_agents_and_checkpoints_th
 
         assert report == rf.DrainReport(host="host-a", checkpointed=2, released_unsaved=1, timed_out=True,
                                         seconds=report.seconds)
-        assert report.seconds >= 0.2
         with pytest.raises(rf.LeaseLostError):
             await asyncio.wait_for(stuck, 30)
         assert host.active_identities() == []
