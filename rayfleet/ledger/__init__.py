@@ -19,6 +19,7 @@ from ..identity._values import SnapshotPointer as SnapshotPointer
 from ._contract import LedgerCall as LedgerCall
 from ._contract import LedgerClient as LedgerClient
 from ._location import LedgerLocation as LedgerLocation
+from ._run_rules import RunRequests as RunRequests
 from ._values import Activation as Activation
 from ._values import CheckpointCommit as CheckpointCommit
 from ._values import CheckpointRow as CheckpointRow
@@ -57,6 +58,7 @@ __all__ = [
     "RegisterOutcome",
     "RunLease",
     "RunRecord",
+    "RunRequests",
     "SnapshotPointer",
     "StoredMessage",
     "TopologySnapshot",

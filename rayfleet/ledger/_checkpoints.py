@@ -69,14 +69,16 @@ def _versions(tx: Transaction, identities: list[str]) -> dict[str, int]:
 
 
 def _remember_keys(tx: Transaction, identity: str, entries: tuple[tuple[str, bytes], ...], capacity: int) -> None:
-    row = tx.execute("SELECT MAX(seq) FROM dedup WHERE identity = ?", (identity,)).fetchone()
-    seq = (row[0] if row else None) or 0
+    # Sequence numbers are taken in SQL, so nothing here waits for a result: on a
+    # pipelining store these statements travel with the commit.
     for key, reply in entries:
-        seq += 1
         # First writer wins: a key already remembered keeps its original reply (FIFO, no refresh).
-        tx.execute("INSERT INTO dedup (identity, key, reply, seq) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                   (identity, key, reply, seq))
-    tx.execute("DELETE FROM dedup WHERE identity = ? AND seq <= ?", (identity, seq - max(capacity, 1)))
+        # ("WHERE true" lets SQLite tell the upsert clause from a join constraint.)
+        tx.execute("INSERT INTO dedup (identity, key, reply, seq) "
+                   "SELECT ?, ?, ?, COALESCE(MAX(seq), 0) + 1 FROM dedup WHERE identity = ? AND true "
+                   "ON CONFLICT DO NOTHING", (identity, key, reply, identity))
+    tx.execute("DELETE FROM dedup WHERE identity = ? AND seq <= "
+               "(SELECT MAX(seq) FROM dedup WHERE identity = ?) - ?", (identity, identity, max(capacity, 1)))
 
 
 def forget_keys(tx: Transaction, identity: str) -> None:

@@ -23,6 +23,7 @@ from ..identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
+from ._run_rules import RunRequests
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -209,8 +210,10 @@ class LedgerClient(Protocol):
 
     def journal_step(
         self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
-    ) -> LedgerCall[None]:
-        """Journal one step's output once (a repeat keeps the first; fenced by the run's token)."""
+    ) -> LedgerCall[RunRequests]:
+        """Journal one step's output once (a repeat keeps the first; fenced by the run's token).
+
+        Answers what is asked of the run (cancel, pause) as of the write."""
         ...
 
     def journal_compensation(

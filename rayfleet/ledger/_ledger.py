@@ -31,6 +31,7 @@ from . import (
     _runs,
     _views,
 )
+from ._run_rules import RunRequests
 from ._sqlite import SqliteDatabase
 from ._store import Database, Transaction
 from ._values import (
@@ -380,13 +381,18 @@ class Ledger:
         """A run's journaled step outputs (in completion order) and its successful compensations."""
         return self._db.read(lambda tx: _runs.journal(tx, run_id))
 
-    def journal_step(self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int) -> None:
+    def journal_step(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> RunRequests:
         """Journal one step's output (fenced); a step is journaled once (a repeat keeps the first).
+
+        Returns what is asked of the run as of this write, so its engine needs no read of
+        its own before starting the next step.
 
         Raises:
             StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
         """
-        self._db.write(
+        return self._db.write(
             lambda tx: _runs.journal_step(
                 tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
             )

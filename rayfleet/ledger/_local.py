@@ -25,6 +25,7 @@ from ..identity._values import (
 )
 from ._contract import LedgerCall
 from ._ledger import Ledger
+from ._run_rules import RunRequests
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -275,7 +276,7 @@ class LocalLedgerClient:
 
     def journal_step(
         self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
-    ) -> LedgerCall[None]:
+    ) -> LedgerCall[RunRequests]:
         return self._run(
             self.ledger.journal_step,
             run_id=run_id,

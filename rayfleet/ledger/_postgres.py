@@ -76,6 +76,9 @@ instead of waiting without bound."""
 
 
 _ENDED_WHILE_IDLE = pg_errors.IdleInTransactionSessionTimeout
+ALIVE_FOR = IDLE_IN_TRANSACTION_TIMEOUT_MS / 4000
+"""Seconds after the server's last answer in a transaction during which its session counts as alive;
+after that the queued statements are sent (and answered) before the COMMIT is."""
 
 
 def _configure_session(connection: psycopg.Connection[Row]) -> None:
@@ -87,41 +90,96 @@ def _configure_session(connection: psycopg.Connection[Row]) -> None:
 
 
 class _Transaction:
-    """A psycopg connection seen through the stores' portable SQL (``?`` placeholders)."""
+    """A psycopg connection seen through the stores' portable SQL (``?`` placeholders), in few round trips.
 
-    __slots__ = ("_connection",)
+    A statement is queued, not sent, until a result is needed: reading any result (a
+    fetch, or ``rowcount``) sends every queued statement in one pipeline and waits for
+    all their results; :meth:`commit` sends what is still queued together with the
+    COMMIT. So the writes at the end of a transaction, whose results nobody reads,
+    cost one round trip with the commit. Between two of these exchanges the server has
+    answered everything it was sent, which keeps the session "idle in transaction"
+    while this process computes (or is frozen), so the server's idle timeout still
+    ends a transaction whose process stopped. A failing statement raises where a
+    result is next read, at the latest at the commit; the transaction is then rolled
+    back as any failed one.
+    """
+
+    __slots__ = ("_answered_at", "_connection", "_queued")
 
     def __init__(self, connection: psycopg.Connection[Row]) -> None:
         self._connection = connection
+        self._queued: list[tuple[psycopg.Cursor[Row], str, Any, bool]] = []
+        self._answered_at: float | None = None
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether the server answered in this transaction in the last ``seconds`` (the session was alive)."""
+        return self._answered_at is not None and time.monotonic() - self._answered_at < seconds
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
         cursor = self._connection.cursor()
-        cursor.execute(sql.replace("?", "%s"), tuple(parameters))
-        return _Rows(cursor)
+        self._queued.append((cursor, sql.replace("?", "%s"), tuple(parameters), False))
+        return _Rows(cursor, self)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> object:
-        with self._connection.cursor() as cursor:
-            cursor.executemany(sql.replace("?", "%s"), [tuple(row) for row in rows])
+        self._queued.append((self._connection.cursor(), sql.replace("?", "%s"), [tuple(row) for row in rows], True))
         return None
+
+    def send(self) -> None:
+        """Run every queued statement and wait for their results."""
+        queued, self._queued = self._queued, []
+        if len(queued) == 1 and not queued[0][3]:
+            cursor, sql, parameters, _ = queued[0]
+            cursor.execute(sql, parameters)
+        elif queued:
+            with self._connection.pipeline():
+                self._run(queued)
+        self._answered_at = time.monotonic()
+
+    def commit(self) -> None:
+        """Send what is still queued and the COMMIT, in one round trip."""
+        queued, self._queued = self._queued, []
+        if queued:
+            with self._connection.pipeline():
+                self._run(queued)
+                self._connection.commit()
+        else:
+            self._connection.commit()
+
+    @staticmethod
+    def _run(queued: list[tuple[psycopg.Cursor[Row], str, Any, bool]]) -> None:
+        for cursor, sql, parameters, many in queued:
+            if many:
+                cursor.executemany(sql, parameters)
+            else:
+                cursor.execute(sql, parameters)
 
 
 class _Rows:
     """A psycopg cursor as a :class:`Cursor`; a statement without a result set yields no rows."""
 
-    __slots__ = ("_cursor",)
+    __slots__ = ("_cursor", "_transaction")
 
-    def __init__(self, cursor: psycopg.Cursor[Row]) -> None:
+    def __init__(self, cursor: psycopg.Cursor[Row], transaction: _Transaction) -> None:
         self._cursor = cursor
+        self._transaction = transaction
+
+    def _arrived(self) -> psycopg.Cursor[Row]:
+        """The cursor once the statement's result has come back (sending the queued statements if need be)."""
+        if self._cursor.pgresult is None:
+            self._transaction.send()
+        return self._cursor
 
     @property
     def rowcount(self) -> int:
-        return self._cursor.rowcount
+        return self._arrived().rowcount
 
     def fetchone(self) -> Row | None:
-        return self._cursor.fetchone() if self._cursor.description is not None else None
+        cursor = self._arrived()
+        return cursor.fetchone() if cursor.description is not None else None
 
     def fetchall(self) -> list[Row]:
-        return self._cursor.fetchall() if self._cursor.description is not None else []
+        cursor = self._arrived()
+        return cursor.fetchall() if cursor.description is not None else []
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.fetchall())
@@ -150,7 +208,9 @@ class PostgresDatabase:
         if connect_timeout is None:
             connect_timeout = _url_connect_timeout(url)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Row]] = psycopg_pool.ConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, check=psycopg_pool.ConnectionPool.check_connection,
+            # No check of each connection as it leaves the pool (a round trip per ledger call):
+            # a connection found broken is retried below, after the pool was checked whole.
+            url, min_size=1, max_size=pool_size, open=False,
             # How long one ledger call waits for a connection: the default 30 s, times the
             # reconnection attempts below, kept a call hanging for minutes while the server was away.
             timeout=connect_timeout,
@@ -202,14 +262,22 @@ class PostgresDatabase:
                         # BEGIN: no statement of their own, no extra round trip.
                         connection.isolation_level = isolation
                         connection.read_only = read_only
-                        result = fn(_Transaction(connection))
+                        tx = _Transaction(connection)
+                        result = fn(tx)
+                        if not tx.answered_within(ALIVE_FOR):
+                            # Nothing has shown the session alive lately: one the server dropped while
+                            # it sat in the pool, or ended while this process was stopped, fails here,
+                            # before the COMMIT, so the write is known not to have happened and is retried.
+                            tx.send()
+                        # From here on a lost connection may have taken the COMMIT with it.
                         committing = True
-                        connection.commit()
+                        tx.commit()
                         return result
                     except BaseException:
-                        if not committing:
-                            with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
-                                connection.rollback()
+                        # After a failed commit too: a statement that failed in the pipeline
+                        # left the transaction aborted, and a broken connection is discarded anyway.
+                        with contextlib.suppress(psycopg.Error):
+                            connection.rollback()
                         raise
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
                 conflicts += 1
@@ -226,6 +294,10 @@ class PostgresDatabase:
                 if connection_losses >= CONNECTION_RETRY.max_attempts:
                     raise LedgerUnavailableError(location=self._location, detail=str(error).strip()) from None
                 time.sleep(CONNECTION_RETRY.delay_for(connection_losses - 1))
+                # After a server restart every idle connection is dead: replace them all at once,
+                # rather than spending one attempt on each.
+                with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout):
+                    self._pool.check()
 
     def now(self, tx: Transaction) -> float:
         row = tx.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").fetchone()

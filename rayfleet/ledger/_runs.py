@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidSpecError
 from . import _leases
-from ._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
+from ._run_rules import Holding, RunRequests, fence_refusal, grant_refusal, renew_refusal
 from ._store import Row, Transaction
 from ._values import JournalEntry, JournalRecord, RunLease, RunRecord
 
@@ -123,14 +123,21 @@ def journal(tx: Transaction, run_id: str) -> JournalRecord:
     )
 
 
-def journal_step(tx: Transaction, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int) -> None:
+def journal_step(
+    tx: Transaction, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+) -> RunRequests:
+    # Statement order matters on a store that sends statements only when a result is
+    # read: the requests travel with the fence check, the insert with the commit.
+    asked = tx.execute("SELECT cancel_requested, pause_requested FROM runs WHERE run_id = ?", (run_id,))
     check_fence(tx, run_id, fencing_token)
-    row = tx.execute("SELECT COALESCE(MAX(seq), 0) FROM journal WHERE run_id = ?", (run_id,)).fetchone()
-    seq = (row[0] if row else 0) + 1
+    # ("WHERE true" lets SQLite tell the upsert clause from a join constraint.)
     tx.execute(
-        "INSERT INTO journal (run_id, label, output, tokens, seq) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-        (run_id, label, output, tokens, seq),
+        "INSERT INTO journal (run_id, label, output, tokens, seq) "
+        "SELECT ?, ?, ?, ?, COALESCE(MAX(seq), 0) + 1 FROM journal WHERE run_id = ? AND true ON CONFLICT DO NOTHING",
+        (run_id, label, output, tokens, run_id),
     )
+    row = asked.fetchone()
+    return RunRequests() if row is None else RunRequests(cancel=bool(row[0]), pause=bool(row[1]))
 
 
 def journal_compensation(

@@ -234,4 +234,11 @@ CREATE INDEX IF NOT EXISTS identities_by_class ON identities(agent_class, identi
     # checkpoint is one durable write: the ledger's commit.
     Migration("""ALTER TABLE continuity ADD COLUMN snapshot_inline {blob};
 """),
+    # 7: an identity's idempotency keys, and a run's journal, by sequence number. Without
+    # them every commit that remembers a key scanned the identity's whole window (up to
+    # its capacity) for the next number and for the keys that fall out, and every step
+    # journaled scanned the run's journal so far.
+    Migration("""CREATE INDEX IF NOT EXISTS dedup_by_seq ON dedup(identity, seq);
+CREATE INDEX IF NOT EXISTS journal_by_seq ON journal(run_id, seq);
+"""),
 )

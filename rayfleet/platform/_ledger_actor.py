@@ -25,6 +25,7 @@ from ..identity._values import (
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
 from ..ledger._local import LocalLedgerClient
+from ..ledger._run_rules import RunRequests
 from ..ledger._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -457,7 +458,7 @@ class RayLedgerClient:
 
     def journal_step(
         self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
-    ) -> LedgerCall[None]:
+    ) -> LedgerCall[RunRequests]:
         return _RayCall(self.actor.journal_step.remote(
             run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
         ))

@@ -40,7 +40,7 @@ from ..identity._handlers import Usage
 from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
-from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
+from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL, RunRequests
 from ..retry import RetryPolicy
 from ..workflow import JournalState
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
@@ -252,13 +252,13 @@ class LedgerJournal:
                 run_id=run_id, step=label,
             ) from error
 
-    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> None:
+    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> RunRequests:
         blob = encode_output(output)
         if self._files is not None and len(blob) > SPILL_THRESHOLD:
             # Blocking I/O (an upload on object stores): off the event loop.
             blob = await asyncio.to_thread(spill_output, blob, self._files, run_id=run_id, label=label)
-        await self._ledger.journal_step(run_id=run_id, fencing_token=token, label=label, output=blob,
-                                        tokens=int(tokens))
+        return await self._ledger.journal_step(run_id=run_id, fencing_token=token, label=label, output=blob,
+                                               tokens=int(tokens))
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
         await self._ledger.journal_compensation(run_id=run_id, fencing_token=token, label=label, ok=ok, error=error)

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..errors import (
     BudgetExceededError,
@@ -29,7 +29,7 @@ from ..errors import (
     is_retryable,
 )
 from ..identity._handlers import Reply, Usage
-from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
+from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL, RunRequests
 from ..retry import RetryPolicy, retry_async
 from ._definition import (
     MAX_REASSIGNMENTS,
@@ -44,6 +44,8 @@ from ._definition import (
 from ._journal import Journal
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_POLL_INTERVAL = 0.2
 """Seconds between status polls while a run is paused."""
@@ -258,6 +260,8 @@ class WorkflowEngine:
         self._completed: list[str] = []
         self._served_by: dict[str, tuple[str, ...]] = {}
         self._dispatched: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
+        self._requests: RunRequests | None = None
+        """What the last step's journal write answered was asked of the run; ``None`` once acted on."""
 
     # ------------------------------------------------------------------ run
 
@@ -301,12 +305,12 @@ class WorkflowEngine:
         if self._body is not None and not self._body.done():
             self._body.cancel()
 
-    async def _fenced(self, write: Callable[..., Awaitable[None]], *args: Any, **kwargs: Any) -> None:
+    async def _fenced(self, write: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Make one journal write under the run's token; a refused token stops the engine."""
         if self._lost is not None:
             raise self._lost
         try:
-            await write(*args, token=self._token, **kwargs)
+            return await write(*args, token=self._token, **kwargs)
         except StaleRunTokenError as error:
             self._lose(error)
             raise
@@ -420,7 +424,13 @@ class WorkflowEngine:
                     label for label in pending if all(dep in self._outputs for dep in self._steps[label].after)
                 ]
                 if ready and len(running) < parallelism:
-                    _, cancel_requested, pause_requested = await self._journal.status(self.run_id)
+                    # What the last step's journal write answered is as fresh as a read; it is
+                    # used once, so steps started for any other reason read the requests anew.
+                    if self._requests is None:
+                        _, cancel_requested, pause_requested = await self._journal.status(self.run_id)
+                    else:
+                        cancel_requested, pause_requested = self._requests.cancel, self._requests.pause
+                        self._requests = None
                     if cancel_requested:
                         failure, cancelled = RunCancelledError(run_id=self.run_id), True
                     elif pause_requested:
@@ -491,7 +501,7 @@ class WorkflowEngine:
                     f"{step.call!r} or relax .verify()",
                 )
         try:
-            await self._fenced(self._journal.record_step, self.run_id, step.label, output, tokens)
+            self._requests = await self._fenced(self._journal.record_step, self.run_id, step.label, output, tokens)
         except StaleRunTokenError:
             raise
         except Exception as error:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..ledger._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
+from ..ledger._run_rules import Holding, RunRequests, fence_refusal, grant_refusal, renew_refusal
 from ._definition import RunStatus, WorkflowOutcome
 
 
@@ -80,8 +80,12 @@ class Journal(Protocol):
         """Everything journaled for ``run_id`` (an empty state for a new run)."""
         ...
 
-    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> None:
-        """Durably record a step's verified output before its dependents start (fenced)."""
+    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> RunRequests:
+        """Durably record a step's verified output before its dependents start (fenced).
+
+        Returns what is asked of the run (cancel, pause) as of the write: the engine acts
+        on it before it starts another step, without a :meth:`status` read of its own.
+        """
         ...
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
@@ -203,13 +207,13 @@ class InMemoryJournal:
         return JournalState(outputs=dict(record.outputs), completion_order=tuple(record.completed),
                             compensated=compensated)
 
-    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> None:
+    async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> RunRequests:
         record = self._check(run_id, token)
-        if label in record.outputs:
-            return  # journaled once: a repeat keeps the first output, as the ledger does
-        record.completed.append(label)
-        record.outputs[label] = output
-        record.tokens[label] = tokens
+        if label not in record.outputs:  # journaled once: a repeat keeps the first output, as the ledger does
+            record.completed.append(label)
+            record.outputs[label] = output
+            record.tokens[label] = tokens
+        return RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
         self._check(run_id, token).compensations.append((label, ok, error))

@@ -37,6 +37,7 @@ from rayfleet.identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
+from rayfleet.ledger import RunRequests
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
@@ -1431,3 +1432,51 @@ def test_leases_reports_the_live_holder_and_a_lapsed_lease_as_none(ledger, clock
     grant(ledger, "B", "a")
     after = ledger.leases(["a"])["a"]
     assert after is not None and after.holder == "B" and after.fencing_token > granted.fencing_token
+
+
+def test_remembering_a_key_costs_the_same_however_full_the_window_is(tmp_path, clock):
+    """A commit's key bookkeeping must not scan the identity's whole dedup window.
+
+    Counted in SQLite virtual-machine instructions (its progress handler), not in
+    seconds: the same one-key commit on a window of 100 and of 5,000 keys.
+    """
+    import sqlite3
+
+    from rayfleet.ledger import _checkpoints
+
+    backend = SqliteBackend(tmp_path)
+    backend.open(clock).close()  # the file with every migration applied
+    connection = sqlite3.connect(backend.path)
+
+    def instructions_to_remember_one_key(identity: str, window: int) -> int:
+        connection.executemany("INSERT INTO dedup (identity, key, reply, seq) VALUES (?, ?, ?, ?)",
+                               [(identity, f"k{seq}", b"r", seq) for seq in range(1, window + 1)])
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        connection.set_progress_handler(count, 100)
+        _checkpoints._remember_keys(connection, identity, (("new", b"r"),), 10_000)
+        connection.set_progress_handler(None, 100)
+        return steps[0] * 100
+
+    small = instructions_to_remember_one_key("small", 100)
+    large = instructions_to_remember_one_key("large", 5_000)
+    assert large < 3 * max(small, 100), (small, large)
+    connection.close()
+
+
+def test_a_journal_write_answers_what_is_asked_of_the_run(ledger):
+    run = "r-asked"
+    ledger.create_run(run_id=run, workflow="wf", code_version="v1", definition=None)
+    token = ledger.acquire_run_lease(run_id=run, holder="engine", ttl=TTL).token
+    assert ledger.journal_step(run_id=run, fencing_token=token, label="s1", output=b"x", tokens=0) == RunRequests()
+    ledger.request_run(run_id=run, cancel=True)
+    assert ledger.journal_step(run_id=run, fencing_token=token, label="s2", output=b"y",
+                               tokens=0) == RunRequests(cancel=True)
+    ledger.request_run(run_id=run, cancel=False, pause=True)
+    assert ledger.journal_step(run_id=run, fencing_token=token, label="s2", output=b"z",
+                               tokens=0) == RunRequests(pause=True)  # a repeat: kept the first, still answers
+    assert [entry.output for entry in ledger.journal(run).steps] == [b"x", b"y"]

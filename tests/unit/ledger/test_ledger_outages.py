@@ -210,7 +210,9 @@ def test_a_frozen_writer_does_not_hold_lease_rows_locked_for_others(postgres_url
 
     def freeze_inside_a_transaction(tx: object) -> None:
         attempts.append(1)
-        tx.execute("SELECT holder FROM leases WHERE identity = ? FOR UPDATE", ("t/a",))  # type: ignore[attr-defined]
+        # Read, so the lock is taken before the freeze (a store may hold statements back until
+        # a result is needed); the write after it is still unsent when the process stops.
+        tx.execute("SELECT holder FROM leases WHERE identity = ? FOR UPDATE", ("t/a",)).fetchone()  # type: ignore[attr-defined]
         tx.execute("UPDATE leases SET expires_at = expires_at WHERE identity = ?", ("t/a",))  # type: ignore[attr-defined]
         holding.set()
         thaw.wait(60)  # the process is "frozen" here, its transaction open and idle

@@ -408,6 +408,41 @@ async def test_cancel_compensates_and_reports_cancelled(fleet) -> None:
     assert journal.history("run-1")[-1][0] is RunStatus.CANCELLED
 
 
+async def test_a_chain_reads_the_run_requests_from_its_journal_writes_not_once_per_step(fleet) -> None:
+    # Each journal write answers what is asked of the run; a read of its own per step
+    # would cost every step one more ledger round trip.
+    class CountingJournal(InMemoryJournal):
+        reads = 0
+
+        async def status(self, run_id: str):  # type: ignore[no-untyped-def]
+            CountingJournal.reads += 1
+            return await super().status(run_id)
+
+    wf = Workflow("wf")
+    for index in range(10):
+        wf.step(f"s{index}", to="a1", call="work", after=[f"s{index - 1}"] if index else ())
+    outcome = await engine(wf, fleet, CountingJournal()).run()
+    assert outcome.status is RunStatus.COMPLETED and len(outcome.outputs) == 10
+    assert CountingJournal.reads == 1  # before the first step only
+
+
+async def test_a_cancel_asked_while_parallel_steps_run_stops_the_steps_after_them(fleet) -> None:
+    journal = InMemoryJournal()
+
+    async def then_cancel(identity: str, payload: dict[str, Any]) -> Any:
+        journal.request_cancel("run-1")
+        return 1
+
+    fleet.on("first", then_cancel)
+    wf = Workflow("wf")
+    wf.step("left", to="a1", call="work").compensate("undo")
+    wf.step("right", to="a2", call="first").compensate("undo")
+    wf.step("after", to="a1", call="work", after=["left", "right"])
+    outcome = await engine(wf, fleet, journal).run()
+    assert outcome.status is RunStatus.CANCELLED
+    assert "after" not in outcome.outputs and set(outcome.compensated) == {"left", "right"}
+
+
 async def test_pause_holds_new_steps_until_cleared(fleet) -> None:
     journal = InMemoryJournal()
     started_two = asyncio.Event()
