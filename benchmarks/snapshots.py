@@ -3,11 +3,12 @@
 No Ray. rayfleet side: the host's commit path itself, a
 :class:`rayfleet.checkpoints._committer.GroupCommitter` over a
 :class:`rayfleet.checkpoints._store.SnapshotStore` and a SQLite
-:class:`rayfleet.ledger.LocalLedgerClient`: ``batch`` checkpoints are submitted
-together, become one Arrow file (written to a temporary name, fsynced, renamed, folder
-fsynced) and one fenced ledger transaction moving every pointer (SQLite WAL,
-``synchronous=FULL``). Each identity holds a lease and commits under its token, at a
-version one higher each round.
+:class:`rayfleet.ledger.LocalLedgerClient`: ``batch`` checkpoints are handed over
+together (``commit_many``, as a host's bulk deactivation does), become one Arrow
+file (written to a temporary name, fsynced, renamed, folder fsynced) and one fenced
+ledger transaction moving every pointer (SQLite WAL, ``synchronous=FULL``). Each
+identity holds a lease and commits under its token, at a version one higher each
+round.
 
 Baseline, durable the same way per file: each State pickled to its own file with the
 same publish protocol (temporary name, fsync, rename, folder fsync), and no ledger.
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rayfleet.checkpoints._committer import GroupCommitter
+from rayfleet.checkpoints._committer import Checkpoint, GroupCommitter
 from rayfleet.checkpoints._store import SnapshotStore
 from rayfleet.ledger import Activation, SpecRecord
 from rayfleet.testing import LocalLedgerClient
@@ -104,11 +105,14 @@ async def _rounds(root: Path, sizes: SnapshotSizes) -> dict[str, list[float]]:
         states = [BenchAgent.State(total=version) for _ in identities]
         started = time.perf_counter()
         for start in range(0, len(identities), sizes.batch):
-            await asyncio.gather(*(
-                committer.commit(identity=identity, fencing_token=tokens[identity], version=version, state=state)
+            outcomes = await committer.commit_many([
+                Checkpoint(identity=identity, fencing_token=tokens[identity], version=version, state=state)
                 for identity, state in zip(identities[start:start + sizes.batch], states[start:start + sizes.batch],
                                            strict=True)
-            ))
+            ])
+            refused = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+            if refused:
+                raise RuntimeError(f"{len(refused)} checkpoints not committed, the first: {refused[0]!r}")
         return len(identities) / (time.perf_counter() - started)
 
     async def pickle_each() -> float:
@@ -137,8 +141,8 @@ def snapshots(context: Context, store: Store) -> list[Result]:
         shutil.rmtree(root, ignore_errors=True)
     detail = context.detail(
         sizes,
-        rayfleet_work=f"GroupCommitter.commit of {sizes.batch} States at once: one Arrow file (fsync + folder fsync) "
-                      "and one fenced SQLite transaction (WAL, synchronous=FULL) per batch",
+        rayfleet_work=f"GroupCommitter.commit_many of {sizes.batch} States at once: one Arrow file (fsync + folder "
+                      "fsync) and one fenced SQLite transaction (WAL, synchronous=FULL) per batch",
         baseline="pickle.dumps of each State to its own file: temporary name, fsync, rename, folder fsync "
                  "(the snapshot files' publish protocol), no ledger",
     )

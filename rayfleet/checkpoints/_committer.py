@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pydantic
@@ -36,16 +37,57 @@ the previous commit was in flight); the large group commits of bulk deactivation
 to files."""
 
 
-@dataclass(slots=True)
-class _Pending:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """One agent's checkpoint to commit: its State at ``version``, written under ``fencing_token``.
+
+    ``dedup`` holds the idempotency keys (with pickled replies) of the turns it covers;
+    they are remembered in the same ledger transaction, keeping the last
+    ``dedup_capacity`` of the identity.
+    """
+
     identity: str
     fencing_token: int
     version: int
     state: pydantic.BaseModel
-    extra: bytes
-    dedup: tuple[tuple[str, bytes], ...]
-    dedup_capacity: int
-    done: asyncio.Future[SnapshotPointer]
+    extra: bytes = b""
+    dedup: tuple[tuple[str, bytes], ...] = ()
+    dedup_capacity: int = 10_000
+
+
+Outcome = SnapshotPointer | Exception
+"""What one checkpoint came to: its committed pointer, or the error :meth:`GroupCommitter.commit` raises for it."""
+
+_UNSETTLED: Any = object()
+
+
+class _Waiter:
+    """One caller's checkpoints: resolved with every outcome once the last one is settled."""
+
+    __slots__ = ("future", "open", "outcomes")
+
+    def __init__(self, size: int) -> None:
+        self.future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        self.outcomes: list[Outcome] = [_UNSETTLED] * size
+        self.open = size
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        if self.future.done() or self.outcomes[index] is not _UNSETTLED:
+            return  # the caller was cancelled, or this checkpoint's word is already in
+        self.outcomes[index] = outcome
+        self.open -= 1
+        if self.open == 0:
+            self.future.set_result(self.outcomes)
+
+
+@dataclass(slots=True)
+class _Pending:
+    checkpoint: Checkpoint
+    waiter: _Waiter
+    index: int
+
+    def settle(self, outcome: Outcome) -> None:
+        self.waiter.settle(self.index, outcome)
 
 
 class GroupCommitter:
@@ -83,6 +125,7 @@ class GroupCommitter:
         self._ledger = ledger
         self._snapshots = snapshots
         self._queue: list[_Pending] = []
+        self._in_flight: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -99,19 +142,40 @@ class GroupCommitter:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         for item in self._queue:
-            if not item.done.done():
-                item.done.set_exception(RuntimeError("host is shutting down; checkpoint not committed"))
+            item.settle(RuntimeError("host is shutting down; checkpoint not committed"))
+        for item in self._in_flight:
+            # Its ledger call was cancelled on the way: it may or may not have landed.
+            item.settle(LedgerUnavailableError(location="the fleet ledger", detail="the host stopped during the commit",
+                                               committed_unknown=True))
         self._queue.clear()
+        self._in_flight = []
 
     async def commit(
         self, *, identity: str, fencing_token: int, version: int, state: pydantic.BaseModel, extra: bytes = b"",
         dedup: tuple[tuple[str, bytes], ...] = (), dedup_capacity: int = 10_000,
     ) -> SnapshotPointer:
-        """Queue one checkpoint and wait until it is committed (or refused)."""
-        done: asyncio.Future[SnapshotPointer] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(identity, fencing_token, version, state, extra, dedup, dedup_capacity, done))
+        """Queue one :class:`Checkpoint` and wait until it is committed (or refused); raises as the class says."""
+        (outcome,) = await self.commit_many([Checkpoint(
+            identity=identity, fencing_token=fencing_token, version=version, state=state, extra=extra, dedup=dedup,
+            dedup_capacity=dedup_capacity,
+        )])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def commit_many(self, checkpoints: Sequence[Checkpoint]) -> list[Outcome]:
+        """Queue many checkpoints and wait until each is committed or refused.
+
+        Returns one outcome per checkpoint, in order: its pointer, or the error
+        :meth:`commit` would raise for it. They travel with whatever else is queued,
+        so this is a group commit with one waiter instead of one per checkpoint.
+        """
+        if not checkpoints:
+            return []
+        waiter = _Waiter(len(checkpoints))
+        self._queue.extend(_Pending(checkpoint, waiter, index) for index, checkpoint in enumerate(checkpoints))
         self._wakeup.set()
-        return await done
+        return await waiter.future
 
     async def _run(self) -> None:
         while True:
@@ -121,19 +185,23 @@ class GroupCommitter:
             await asyncio.sleep(0)
             batch, self._queue = self._queue, []
             if batch:
+                self._in_flight = batch
                 await self._commit_batch(batch)
+                self._in_flight = []
 
     async def _commit_batch(self, batch: list[_Pending]) -> None:
         groups: dict[type, list[_Pending]] = defaultdict(list)
         for item in batch:
-            groups[type(item.state)].append(item)
+            groups[type(item.checkpoint.state)].append(item)
         commits: list[CheckpointCommit] = []
         written: list[_Pending] = []
         for state_class, items in groups.items():
-            rows = [SnapshotRow(identity=i.identity, version=i.version, state=i.state, extra=i.extra) for i in items]
+            checkpoints = [item.checkpoint for item in items]
+            rows = [SnapshotRow(identity=c.identity, version=c.version, state=c.state, extra=c.extra)
+                    for c in checkpoints]
             try:
                 encoded = self._snapshots.encode(rows)
-                pointers = self._inline(encoded, [row.version for row in rows])
+                pointers = self._inline(encoded, [c.version for c in checkpoints])
                 to_file = [row for row, pointer in enumerate(pointers) if pointer is None]
                 if to_file:
                     part = encoded if len(to_file) == len(rows) else encoded.take(pa.array(to_file, type=pa.int64()))
@@ -141,18 +209,18 @@ class GroupCommitter:
                         self._snapshots.write_batch, group=_group_name(state_class), writer=self._writer, rows=part,
                     )
                     for file_row, row in enumerate(to_file):
-                        pointers[row] = SnapshotPointer(file=path, row=file_row, version=rows[row].version)
+                        pointers[row] = SnapshotPointer(file=path, row=file_row, version=checkpoints[row].version)
             except Exception as error:  # noqa: BLE001 - any storage failure fails these checkpoints, not the host
                 for item in items:
-                    item.done.set_exception(error)
+                    item.settle(error)
                 continue
-            for item, pointer in zip(items, pointers, strict=True):
+            for checkpoint, pointer in zip(checkpoints, pointers, strict=True):
                 assert pointer is not None  # every row is inline or in the file written above
                 commits.append(CheckpointCommit(
-                    identity=item.identity, fencing_token=item.fencing_token, version=item.version, pointer=pointer,
-                    dedup=item.dedup, dedup_capacity=item.dedup_capacity,
+                    identity=checkpoint.identity, fencing_token=checkpoint.fencing_token, version=checkpoint.version,
+                    pointer=pointer, dedup=checkpoint.dedup, dedup_capacity=checkpoint.dedup_capacity,
                 ))
-                written.append(item)
+            written.extend(items)
         if not commits:
             return
         try:
@@ -160,30 +228,25 @@ class GroupCommitter:
         except LedgerUnavailableError as error:
             # The ledger says whether the write may have happened; each waiter gets its word.
             for item in written:
-                if not item.done.done():
-                    item.done.set_exception(error)
+                item.settle(error)
             return
         except Exception as error:  # noqa: BLE001 - see the class docstring: the outcome is unknown
             for item in written:
-                if not item.done.done():
-                    unknown = LedgerUnavailableError(
-                        location="the fleet ledger", detail=f"{type(error).__name__}: {error}", committed_unknown=True
-                    )
-                    unknown.__cause__ = error
-                    item.done.set_exception(unknown)
+                unknown = LedgerUnavailableError(
+                    location="the fleet ledger", detail=f"{type(error).__name__}: {error}", committed_unknown=True
+                )
+                unknown.__cause__ = error
+                item.settle(unknown)
             return
         self.batches += 1
         if self._on_batch is not None:
             self._on_batch(len(commits))
         for item, commit, outcome in zip(written, commits, outcomes, strict=True):
-            if item.done.done():
-                continue
             if isinstance(outcome, RayfleetError):
-                item.done.set_exception(outcome)
+                item.settle(outcome)
             else:
                 self.checkpoints += 1
-                item.done.set_result(commit.pointer)
-
+                item.settle(commit.pointer)
 
     def _inline(self, batch: pa.RecordBatch, versions: list[int]) -> list[SnapshotPointer | None]:
         """Per row of ``batch`` (at ``versions``): its inline pointer, or ``None`` when that row goes to a file."""

@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
-from ..checkpoints._committer import INLINE_STATE_BYTES, GroupCommitter
+from ..checkpoints._committer import INLINE_STATE_BYTES, Checkpoint, GroupCommitter, Outcome
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     HandlerError,
@@ -226,6 +226,17 @@ class _Tally:
 
 DEACTIVATE_BATCH = 1000
 """Agents deactivated together: their commits grouped, their leases released in one ledger call."""
+
+_REFUSALS = (StaleFencingTokenError, LeaseLostError, UnknownIdentityError)
+"""What the ledger answers a write whose token is no longer the identity's: another owner took over."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedCommit:
+    """A checkpoint taken from an agent, with the idempotency keys it carries out of ``pending_dedup``."""
+
+    checkpoint: Checkpoint
+    keys: list[tuple[str, bytes]]
 
 
 class _AgentContext:
@@ -526,14 +537,16 @@ class HostRuntime:
         """
         try:
             return await write(entry.grant.fencing_token)
-        except (StaleFencingTokenError, LeaseLostError, UnknownIdentityError) as refusal:
-            self._counters["stale_refusals"] += 1
-            self._metrics.stale_refusal(type(refusal).__name__)
-            if not entry.dropped:
-                await self._drop(entry, reason=str(refusal))
-            raise LeaseLostError(
-                identity=entry.spec.identity, detail=f"{what} refused: {refusal.message}"
-            ) from refusal
+        except _REFUSALS as refusal:
+            raise await self._refused(entry, what, refusal) from refusal
+
+    async def _refused(self, entry: HostedAgent, what: str, refusal: RayfleetError) -> LeaseLostError:
+        """Drop ``entry`` after the ledger refused its token; the error to raise (see :meth:`_fenced_write`)."""
+        self._counters["stale_refusals"] += 1
+        self._metrics.stale_refusal(type(refusal).__name__)
+        if not entry.dropped:
+            await self._drop(entry, reason=str(refusal))
+        return LeaseLostError(identity=entry.spec.identity, detail=f"{what} refused: {refusal.message}")
 
     async def _commit(self, entry: HostedAgent) -> int:
         """Checkpoint ``entry`` now (caller holds its turn lock); returns the new version.
@@ -567,49 +580,64 @@ class HostRuntime:
             InternalError: the ledger holds another checkpoint of this version under
                 this owner's own token, which the rules above rule out.
         """
-        identity = entry.spec.identity
         if entry.dropped:
-            raise LeaseLostError(identity=identity, detail="the agent was taken out of service; nothing was committed")
-        version = entry.checkpoint_version + 1
-        keys, entry.pending_dedup = entry.pending_dedup, []
+            raise LeaseLostError(identity=entry.spec.identity,
+                                 detail="the agent was taken out of service; nothing was committed")
+        prepared = self._checkpoint_of(entry)
         try:
-            await self._fenced_write(entry, "checkpoint", lambda token: self._committer.commit(
-                identity=identity, fencing_token=token, version=version, state=entry.agent.state,
-                extra=_encode_extra(entry), dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity,
-            ))
-        except LeaseLostError:
-            raise
-        except StaleCheckpointVersionError as error:
-            # The fence check passed, so the version was committed under this owner's own
-            # token: by this very write if the call reached the ledger twice (a transport
-            # retry after a lost reply). Never a sign that another owner took over.
-            if not await self._landed(entry, version):
-                await self._reload(entry, why=error.message)
-                raise InternalError(
-                    detail=f"checkpoint of {identity!r} met an earlier write of its own ({error.message})"
-                ) from error
-        except LedgerUnavailableError as error:
-            if not error.committed_unknown:
-                await self._discard_unsaved(entry, keys, why=error.message)
-                raise
-            if not await self._landed(entry, version):
-                await self._reload(entry, why=error.message)
-                raise
+            (outcome,) = await self._committer.commit_many([prepared.checkpoint])
         except asyncio.CancelledError:
             # The commit may still land; dropping without an await (the lease lapses, or
             # the next activation here re-acquires it under a token that fences the write).
             self._discard(entry)
             raise
-        except Exception as error:
-            await self._discard_unsaved(entry, keys, why=f"{type(error).__name__}: {error}")
-            raise
+        return await self._settle_commit(entry, prepared, outcome)
+
+    def _checkpoint_of(self, entry: HostedAgent) -> _PreparedCommit:
+        """The next checkpoint of ``entry`` (turn lock held): its State and the keys of the turns it covers.
+
+        The keys leave ``pending_dedup``; :meth:`_settle_commit` puts them in the dedup
+        window, or back, by the outcome.
+        """
+        keys, entry.pending_dedup = entry.pending_dedup, []
+        version = entry.checkpoint_version + 1
+        return _PreparedCommit(keys=keys, checkpoint=Checkpoint(
+            identity=entry.spec.identity, fencing_token=entry.grant.fencing_token, version=version,
+            state=entry.agent.state, extra=_encode_extra(entry), dedup=tuple(keys),
+            dedup_capacity=entry.spec.dedup_capacity,
+        ))
+
+    async def _settle_commit(self, entry: HostedAgent, prepared: _PreparedCommit, outcome: Outcome) -> int:
+        """Bring ``entry`` in line with what its commit came to (see :meth:`_commit`); returns the version."""
+        version, keys = prepared.checkpoint.version, prepared.keys
+        if isinstance(outcome, _REFUSALS):
+            raise await self._refused(entry, "checkpoint", outcome) from outcome
+        if isinstance(outcome, StaleCheckpointVersionError):
+            # The fence check passed, so the version was committed under this owner's own
+            # token: by this very write if the call reached the ledger twice (a transport
+            # retry after a lost reply). Never a sign that another owner took over.
+            if not await self._landed(entry, version):
+                await self._reload(entry, why=outcome.message)
+                raise InternalError(
+                    detail=f"checkpoint of {entry.spec.identity!r} met an earlier write of its own ({outcome.message})"
+                ) from outcome
+        elif isinstance(outcome, LedgerUnavailableError):
+            if not outcome.committed_unknown:
+                await self._discard_unsaved(entry, keys, why=outcome.message)
+                raise outcome
+            if not await self._landed(entry, version):
+                await self._reload(entry, why=outcome.message)
+                raise outcome
+        elif isinstance(outcome, Exception):
+            await self._discard_unsaved(entry, keys, why=f"{type(outcome).__name__}: {outcome}")
+            raise outcome
         self._metrics.checkpoint(entry.agent_class)
         entry.checkpoint_version = version
         entry.dirty = False
         entry.last_commit = self._clock()
         for key, reply in keys:
             entry.dedup.insert(key, reply)
-        self._emit(identity, EventKind.CHECKPOINT_COMPLETED, checkpoint_version=version)
+        self._emit(entry.spec.identity, EventKind.CHECKPOINT_COMPLETED, checkpoint_version=version)
         return version
 
     async def _landed(self, entry: HostedAgent, version: int) -> bool:
@@ -855,19 +883,45 @@ class HostRuntime:
         await asyncio.gather(*(self._deactivate_batch([entry], tally) for entry in busy))
 
     async def _deactivate_batch(self, entries: list[HostedAgent], tally: _Tally) -> None:
-        """Retire ``entries`` as :meth:`deactivate` does one, with their commits grouped and one release call."""
+        """Retire ``entries`` as :meth:`deactivate` does one: their checkpoints in one group commit, one release call.
 
-        async def retire(entry: HostedAgent) -> int | None:
-            async with entry.turn_lock:
+        The turn locks of the idle ones are taken together (at once: nothing else runs in
+        between) and held until each is retired; one found in a turn by now waits for it.
+        """
+        held = [entry for entry in entries if not entry.turn_lock.locked()]
+        for entry in held:
+            await entry.turn_lock.acquire()  # free, so taken without yielding to another task
+        try:
+            dirty = [entry for entry in held if entry.dirty and not entry.dropped]
+            prepared = [self._checkpoint_of(entry) for entry in dirty]
+            try:
+                outcomes = await self._committer.commit_many([commit.checkpoint for commit in prepared])
+            except asyncio.CancelledError:
+                for entry in dirty:
+                    self._discard(entry)  # as a single commit cancelled mid-way: the commits may still land
+                raise
+            committed = {id(entry): (commit, outcome) for entry, commit, outcome in zip(dirty, prepared, outcomes,
+                                                                                        strict=True)}
+            held_ids = set(map(id, held))
+
+            async def retire(entry: HostedAgent) -> int | None:
                 if entry.dropped:
                     return None
-                # Its commit joins the others of this batch in the committer.
-                await self._retire_entry(entry, checkpoint=True, release=False)
+                if id(entry) in held_ids:
+                    await self._retire_entry(entry, checkpoint=True, release=False, committed=committed.get(id(entry)))
+                else:
+                    async with entry.turn_lock:
+                        if entry.dropped:
+                            return None
+                        await self._retire_entry(entry, checkpoint=True, release=False)
                 return entry.grant.fencing_token
 
-        outcomes = await asyncio.gather(*(retire(entry) for entry in entries), return_exceptions=True)
+            outcomes_of = await asyncio.gather(*(retire(entry) for entry in entries), return_exceptions=True)
+        finally:
+            for entry in held:
+                entry.turn_lock.release()
         tokens: dict[str, int] = {}
-        for entry, outcome in zip(entries, outcomes, strict=True):
+        for entry, outcome in zip(entries, outcomes_of, strict=True):
             if isinstance(outcome, int):
                 tokens[entry.spec.identity] = outcome
             elif isinstance(outcome, asyncio.CancelledError):
@@ -915,11 +969,18 @@ class HostRuntime:
         return DrainReport(host=self.name, checkpointed=tally.done, released_unsaved=len(tokens),
                            timed_out=not done, seconds=round(self._clock() - started, 3))
 
-    async def _retire_entry(self, entry: HostedAgent, *, checkpoint: bool, release: bool = True) -> None:
+    async def _retire_entry(
+        self, entry: HostedAgent, *, checkpoint: bool, release: bool = True,
+        committed: tuple[_PreparedCommit, Outcome] | None = None,
+    ) -> None:
         """Take ``entry`` out of service (turn lock held); its lease is released unless the caller
-        releases it with others (``release=False``)."""
+        releases it with others (``release=False``). ``committed``: its checkpoint, already
+        committed with others, and what that came to."""
         if checkpoint and entry.dirty:
-            await self._commit(entry)
+            if committed is None:
+                await self._commit(entry)
+            else:
+                await self._settle_commit(entry, *committed)
         if checkpoint:
             with contextlib.suppress(Exception):
                 await entry.agent.on_deactivate()

@@ -21,12 +21,49 @@ from ._values import CheckpointCommit, CheckpointRow
 def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float) -> list[RayfleetError | None]:
     """Move every pointer that passes its checks; one outcome per commit, in order.
 
-    Set-based, so a group commit of 1,000 agents is a few reads and one batched
-    update: the fence marks and current versions of the whole batch are read first,
-    then each commit is judged in order (a second commit of one identity in the same
-    batch is judged against the first).
+    The common case, every commit passes, costs one batched conditional update and no
+    reads (:func:`_all_pass`). Otherwise that update is undone and the batch is judged
+    by the rules (:func:`_judged`).
     """
     batch = list(commits)
+    if _all_pass(tx, batch, now):
+        for item in batch:
+            if item.dedup:
+                _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
+        return [None] * len(batch)
+    return _judged(tx, batch, now)
+
+
+def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> bool:
+    """Move every pointer of ``batch`` if each passes its checks; otherwise move none and return False.
+
+    Each update moves its row only where the fencing rule (:func:`_leases.fence_refusal`:
+    the token equals the identity's high-water mark) and the version rule (newer than
+    the stored one) hold, so it accepts exactly what :func:`_judged` accepts, in order
+    (a second commit of one identity is checked against the first). Anything short of
+    every row is rolled back to the savepoint and left to :func:`_judged` to explain.
+    """
+    tx.execute("SAVEPOINT checkpoint_batch")
+    moved = tx.executemany(
+        "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
+        "snapshot_inline = ?, committed_at = ? WHERE identity = ? AND checkpoint_version < ? "
+        "AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?)",
+        [(item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline, now,
+          item.identity, item.version, item.fencing_token) for item in batch],
+    ).rowcount
+    if moved != len(batch):
+        tx.execute("ROLLBACK TO SAVEPOINT checkpoint_batch")
+    tx.execute("RELEASE SAVEPOINT checkpoint_batch")
+    return moved == len(batch)
+
+
+def _judged(tx: Transaction, batch: list[CheckpointCommit], now: float) -> list[RayfleetError | None]:
+    """Judge each commit of ``batch`` by the rules and move the pointers of those that pass.
+
+    Set-based: the fence marks and current versions of the whole batch are read
+    first, then each commit is judged in order (a second commit of one identity in
+    the same batch is judged against the first), then one batched update.
+    """
     marks = _leases.fence_marks(tx, (item.identity for item in batch))
     versions = _versions(tx, [item.identity for item in batch])
     outcomes: list[RayfleetError | None] = []

@@ -120,9 +120,10 @@ class _Transaction:
         self._queued.append((cursor, sql.replace("?", "%s"), tuple(parameters), False))
         return _Rows(cursor, self)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> object:
-        self._queued.append((self._connection.cursor(), sql.replace("?", "%s"), [tuple(row) for row in rows], True))
-        return None
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Cursor:
+        cursor = self._connection.cursor()
+        self._queued.append((cursor, sql.replace("?", "%s"), [tuple(row) for row in rows], True))
+        return _Rows(cursor, self)
 
     def send(self) -> None:
         """Run every queued statement and wait for their results."""

@@ -37,7 +37,9 @@ class Transaction(Protocol):
 
     def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> object: ...
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Cursor:
+        """Run ``sql`` once per row; the cursor's ``rowcount`` is the rows changed by all of them."""
+        ...
 
 
 class Database(Protocol):

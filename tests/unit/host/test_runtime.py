@@ -342,3 +342,33 @@ async def test_the_spec_cache_is_bounded_however_many_identities_pass_through(
         assert len(host._spec_cache) <= 8
         # An identity whose spec left the cache still activates (the ledger has the spec).
         assert (await host.deliver("churn/0", "add", (), {"n": 1})).value == 1
+
+
+async def test_deactivating_all_commits_the_idle_in_one_group_and_waits_for_a_turn_in_flight(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    names = [f"c/{index}" for index in range(30)]
+    for name in names:
+        register(ledger, name, durability=rf.Durability.ON_DEACTIVATE)
+    async with runtime(ledger, tmp_path) as host:
+        for index, name in enumerate(names):
+            await host.deliver(name, "add", (), {"n": index})
+        # c/0 was taken over behind this host's back: its checkpoint must be refused, not written.
+        ledger.release(holder=host.holder, tokens={"c/0": ledger.high_water("c/0")})
+        ledger.acquire(holder="usurper", identities=["c/0"], ttl=60.0)
+        busy = asyncio.create_task(host.deliver("c/1", "slow_add", (), {"n": 100, "pause": 0.2}))
+        await asyncio.sleep(0.05)  # c/1 is in its turn now
+        batches_before = host.statistics().commit_batches
+        done = await host.deactivate_all()
+        assert (await busy).value == 101  # the turn finished first, then c/1 was retired with it
+        assert done == 29 and host.active_identities() == []
+        # The 28 idle agents in one group commit, c/1 after its turn in one more.
+        assert host.statistics().commit_batches - batches_before == 2
+    views = ledger.resolve(names)
+    assert views["c/0"].continuity.checkpoint_version == 0 and views["c/0"].lease.holder == "usurper"
+    assert views["c/1"].continuity.checkpoint_version == 1
+    for name in names[2:]:
+        assert views[name].continuity.checkpoint_version == 1 and views[name].lease is None
+    async with runtime(ledger, tmp_path, "host-b") as other:
+        assert (await other.deliver("c/7", "add", (), {"n": 0})).value == 7
+        assert (await other.deliver("c/1", "add", (), {"n": 0})).value == 101

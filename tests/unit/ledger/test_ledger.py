@@ -1480,3 +1480,21 @@ def test_a_journal_write_answers_what_is_asked_of_the_run(ledger):
     assert ledger.journal_step(run_id=run, fencing_token=token, label="s2", output=b"z",
                                tokens=0) == RunRequests(pause=True)  # a repeat: kept the first, still answers
     assert [entry.output for entry in ledger.journal(run).steps] == [b"x", b"y"]
+
+
+def test_a_batch_is_judged_in_order_whether_or_not_every_commit_passes(ledger):
+    for name in ("a", "b"):
+        register(ledger, name)
+    a, b = grant(ledger, "h1", "a").fencing_token, grant(ledger, "h1", "b").fencing_token
+    # Every commit passes (a twice, the second newer): all move, the last one of a wins.
+    assert ledger.commit_checkpoints([commit("a", a, 1), commit("b", b, 1), commit("a", a, 2, row=7)]) == [None] * 3
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 2
+    # One older than the one before it in the same batch, one under a stale token: only those two refused,
+    # and nothing of the batch's failed attempt at once is left behind.
+    outcomes = ledger.commit_checkpoints([commit("a", a, 4), commit("a", a, 3), commit("b", b - 1, 2),
+                                          commit("b", b, 5, row=9)])
+    assert outcomes[0] is None and outcomes[3] is None
+    assert isinstance(outcomes[1], StaleCheckpointVersionError) and isinstance(outcomes[2], StaleFencingTokenError)
+    views = ledger.resolve(["a", "b"])
+    assert views["a"].continuity.checkpoint_version == 4
+    assert (views["b"].continuity.checkpoint_version, views["b"].snapshot.row) == (5, 9)
