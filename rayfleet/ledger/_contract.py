@@ -92,6 +92,10 @@ class LedgerClient(Protocol):
         """All identities, sorted, optionally only those whose labels include ``labels``."""
         ...
 
+    def select_identities(self, *, labels: Mapping[str, str]) -> LedgerCall[list[str]]:
+        """Names of the live identities whose labels include ``labels``, sorted (no views: one read)."""
+        ...
+
     def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
         """The live lease of each identity now (``None``: none, or lapsed); unknown identities are absent."""
         ...

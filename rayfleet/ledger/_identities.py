@@ -151,14 +151,26 @@ def list_views(tx: Transaction, labels: Mapping[str, str] | None, now: float) ->
     The label filter runs on the ``identity_labels`` index, so asking for a few
     identities by label does not read the rest of the fleet.
     """
-    query, parameters = "SELECT identity FROM identities", list[str]()
-    for key, value in sorted(dict(labels or {}).items()):
-        query += (" WHERE" if not parameters else " AND") + (
-            " identity IN (SELECT identity FROM identity_labels WHERE key = ? AND value = ?)"
-        )
-        parameters += [key, str(value)]
-    names = [row[0] for row in tx.execute(query + " ORDER BY identity", parameters)]
+    names = _labelled(tx, labels)
     return [view for name in names if (view := _views.view(tx, name, now)) is not None]
+
+
+def select(tx: Transaction, labels: Mapping[str, str], lifecycle: str) -> list[str]:
+    """The names of the identities in ``lifecycle`` whose labels include ``labels``, sorted: one query."""
+    return _labelled(tx, labels, lifecycle=lifecycle)
+
+
+def _labelled(tx: Transaction, labels: Mapping[str, str] | None, *, lifecycle: str | None = None) -> list[str]:
+    conditions: list[str] = []
+    parameters: list[str] = []
+    for key, value in sorted(dict(labels or {}).items()):
+        conditions.append("identity IN (SELECT identity FROM identity_labels WHERE key = ? AND value = ?)")
+        parameters += [key, str(value)]
+    if lifecycle is not None:
+        conditions.append("lifecycle = ?")
+        parameters.append(lifecycle)
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return [row[0] for row in tx.execute(f"SELECT identity FROM identities{where} ORDER BY identity", parameters)]
 
 
 def set_lifecycle(tx: Transaction, *, identity: str, fencing_token: int, lifecycle: str, reason: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import InvalidSpecError, RayfleetError
 from ..identity._values import (
+    PERSISTED_LIVE,
     ContinuityRecord,
     LeaseDenied,
     LeaseGrant,
@@ -171,6 +172,13 @@ class Ledger:
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> list[IdentityView]:
         """All identities, sorted, optionally only those whose labels include ``labels``."""
         return self._db.read(lambda tx: _identities.list_views(tx, labels, self._now(tx)))
+
+    def select_identities(self, *, labels: Mapping[str, str]) -> list[str]:
+        """The names of the live identities (spawned, neither retired nor broken) whose labels include ``labels``.
+
+        What a scatter step or label selection addresses, read in one query: no views.
+        """
+        return self._db.read(lambda tx: _identities.select(tx, labels, PERSISTED_LIVE))
 
     def set_lifecycle(self, *, identity: str, fencing_token: int, lifecycle: str, reason: str = "") -> None:
         """Persist retired / broken / live for an identity, fenced."""

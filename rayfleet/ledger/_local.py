@@ -155,6 +155,9 @@ class LocalLedgerClient:
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         return self._run(self.ledger.list_identities, labels=labels)
 
+    def select_identities(self, *, labels: Mapping[str, str]) -> LedgerCall[list[str]]:
+        return self._run(self.ledger.select_identities, labels=dict(labels))
+
     def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
         return self._run(self.ledger.leases, list(identities))
 

@@ -134,6 +134,9 @@ class LedgerActor:
     def list_identities(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.list_identities, args, kwargs)
 
+    def select_identities(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.select_identities, args, kwargs)
+
     def leases(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.leases, args, kwargs)
 
@@ -360,6 +363,9 @@ class RayLedgerClient:
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> LedgerCall[list[IdentityView]]:
         return _RayCall(self.actor.list_identities.remote(labels=labels))
+
+    def select_identities(self, *, labels: Mapping[str, str]) -> LedgerCall[list[str]]:
+        return _RayCall(self.actor.select_identities.remote(labels=dict(labels)))
 
     def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
         return _RayCall(self.actor.leases.remote(list(identities)))

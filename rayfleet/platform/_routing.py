@@ -48,6 +48,23 @@ def probe_interval_for(lease_ttl: float) -> float:
     return min(OWNER_PROBE_INTERVAL, lease_ttl / 4)
 
 
+PROBE_AFTER_LAPSE = 0.05
+"""Seconds after a waited-on lease would lapse unrenewed that the next probe looks again."""
+
+
+def next_probe(probe_interval: float, lease: LeaseView | None) -> float:
+    """Seconds until a waiting request next asks the ledger about its host's lease (last seen as ``lease``).
+
+    At most the probe interval; sooner when the lease would lapse before that unless
+    renewed, so a frozen owner is failed over as its lease lapses rather than up to an
+    interval later. A live owner renews well before that, so the next probe sees the
+    lease extended and the probes of a long turn keep their pace.
+    """
+    if lease is None:
+        return probe_interval
+    return min(probe_interval, max(lease.expires_in, 0.0) + PROBE_AFTER_LAPSE)
+
+
 def routing_patience_for(lease_ttl: float) -> float:
     """Seconds a request keeps being routed, past :data:`MAX_HOPS`, before it gives up.
 
@@ -483,8 +500,9 @@ class Courier:
     def _wait_sync(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any], deadline: float | None) -> Any:
         """The reply to ``pending``, or :data:`_ABANDONED` when its host no longer owns the identity."""
         sent = time.monotonic()
+        probe_in = self.probe_interval
         while True:
-            wait = self.probe_interval
+            wait = probe_in
             if deadline is not None:
                 wait = min(wait, max(deadline - time.monotonic(), 0.0))
             try:
@@ -497,6 +515,7 @@ class Courier:
                 # retry under the same idempotency key then gets its reply).
                 raise ray.exceptions.GetTimeoutError(f"no reply for {plan.identity!r} within the timeout")
             lease = self.ledger.leases([plan.identity]).result().get(plan.identity)
+            probe_in = next_probe(self.probe_interval, lease)
             holder_now = None
             if plan.lapsed_while_held(host, lease):
                 self.refresh_sync()
@@ -541,11 +560,13 @@ class Courier:
         """
         reply: asyncio.Future[Any] = asyncio.wrap_future(pending.future())
         sent = time.monotonic()
+        probe_in = self.probe_interval
         while True:
-            done, _ = await asyncio.wait({reply}, timeout=self.probe_interval)
+            done, _ = await asyncio.wait({reply}, timeout=probe_in)
             if done:
                 return reply.result()
             lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
+            probe_in = next_probe(self.probe_interval, lease)
             holder_now = None
             if plan.lapsed_while_held(host, lease):
                 await self.refresh_async()

@@ -37,7 +37,6 @@ from ..errors import (
 )
 from ..host._messages import Envelope
 from ..identity._handlers import Usage
-from ..identity._values import PERSISTED_LIVE
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL, RunRequests
@@ -182,8 +181,7 @@ class RayDispatcher:
         return value, usage
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
-        views = await self._ledger.list_identities(labels=dict(labels))
-        return sorted(view.identity for view in views if view.lifecycle == PERSISTED_LIVE)
+        return await self._ledger.select_identities(labels=dict(labels))
 
 
 class LedgerJournal:

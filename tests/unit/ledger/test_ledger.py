@@ -874,6 +874,19 @@ def test_list_identities_sorted_and_filtered_by_labels(ledger):
     assert [v.identity for v in ledger.list_identities(labels={"team": "x", "tier": "1"})] == ["b"]
 
 
+def test_select_identities_names_the_live_ones_with_the_labels(ledger):
+    register(ledger, "b", labels={"team": "x", "tier": "1"})
+    register(ledger, "a", labels={"team": "x"})
+    register(ledger, "c", labels={"team": "y"})
+    register(ledger, "d", labels={"team": "x"})
+    token = grant(ledger, "h1", "d").fencing_token
+    ledger.set_lifecycle(identity="d", fencing_token=token, lifecycle=PERSISTED_RETIRED)
+    assert ledger.select_identities(labels={"team": "x"}) == ["a", "b"]
+    assert ledger.select_identities(labels={"team": "x", "tier": "1"}) == ["b"]
+    assert ledger.select_identities(labels={}) == ["a", "b", "c"]
+    assert ledger.select_identities(labels={"team": "z"}) == []
+
+
 def test_update_spec_replaces_fingerprint(ledger):
     register(ledger)
     ledger.apply_specs(creates=[], updates=[spec_record("a", "f2", {"k": "v"}, spec=b"new", agent_class="m:D")])

@@ -14,6 +14,7 @@ from rayfleet.platform._routing import (
     REDIRECT,
     CallPlan,
     HostDirectory,
+    next_probe,
     rendezvous_pick,
     routing_patience_for,
 )
@@ -177,3 +178,15 @@ def test_no_registered_host_is_waited_for_within_the_routing_patience() -> None:
     clock.now += routing_patience_for(3.0)
     with pytest.raises(rf.FleetUnavailableError, match="no live rayfleet host"):
         plan.target()
+
+
+def test_a_waiting_request_probes_again_as_its_hosts_lease_would_lapse_unrenewed() -> None:
+    def lease(expires_in: float) -> LeaseView:
+        return LeaseView(holder="h1@x", fencing_token=3, ttl=5.0, expires_in=expires_in)
+
+    # A lease renewed lately lasts longer than the interval: the pace of a long turn's probes.
+    assert next_probe(1.0, lease(4.2)) == 1.0
+    # One about to lapse (its host stopped renewing: frozen): looked at again right after it would.
+    assert next_probe(1.0, lease(0.3)) == pytest.approx(0.35)
+    assert next_probe(1.0, lease(-0.1)) == pytest.approx(0.05)
+    assert next_probe(1.0, None) == 1.0
