@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -1159,10 +1160,19 @@ class _SpecPackage:
 
 
 def _rebuild_spec(fields: dict[str, Any], class_bytes: bytes) -> AgentSpec:
-    # cloudpickle keeps one class object per pickled class in a process, so every spec
-    # of one agent class rebuilds with the same class (State codecs and group commits
-    # are keyed by it).
-    return AgentSpec(agent=cloudpickle.loads(class_bytes), **fields)
+    return AgentSpec(agent=_agent_class(class_bytes), **fields)
+
+
+@functools.lru_cache(maxsize=256)
+def _agent_class(class_bytes: bytes) -> Any:
+    """The agent class pickled as ``class_bytes`` (a path, or a class by value), rebuilt once per process.
+
+    cloudpickle keeps one class object per pickled class in a process, so every spec of
+    one agent class gets the same class (State codecs and group commits are keyed by
+    it); but it builds the class anew before finding that out, running the metaclass
+    (a State's pydantic schema) on every activation. Equal bytes are the same class.
+    """
+    return cloudpickle.loads(class_bytes)
 
 
 def _is_installed(path: str) -> bool:

@@ -23,6 +23,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -383,6 +384,15 @@ class CallPlan:
         raise error
 
 
+@dataclass(frozen=True, slots=True)
+class _SharedRead:
+    """One read of the host list in flight (or done), on ``loop``, begun at ``started`` (monotonic)."""
+
+    loop: asyncio.AbstractEventLoop
+    started: float
+    task: asyncio.Task[None]
+
+
 class Courier:
     """Sends requests to whichever host owns an identity, following redirects.
 
@@ -402,6 +412,8 @@ class Courier:
         self.routing_patience = routing_patience_for(lease_ttl)
         self._refreshed_at = time.monotonic()
         self._restart_checks: dict[str, tuple[float, bool]] = {}
+        self._removed_hosts: set[tuple[str, str | None]] = set()
+        self._host_read: _SharedRead | None = None
 
     def _known_restarting(self, host: str, lease: LeaseView | None) -> bool | None:
         """Whether Ray is restarting ``host``, if that need not (or was just) asked; ``None``: ask."""
@@ -445,7 +457,9 @@ class Courier:
 
     def refresh_sync(self, plan: CallPlan | None = None) -> None:
         for name, holder in (plan.dead_hosts if plan else []):
-            self.ledger.remove_host(name=name, holder=holder).result()
+            if (name, holder) not in self._removed_hosts:
+                self.ledger.remove_host(name=name, holder=holder).result()
+                self._removed_hosts.add((name, holder))
         if plan:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
@@ -453,11 +467,34 @@ class Courier:
         self._refreshed_at = time.monotonic()
 
     async def refresh_async(self, plan: CallPlan | None = None) -> None:
+        """Free dead hosts' leases and re-read the host list; many requests failing over at once share the reads.
+
+        A dead incarnation is removed once per courier (a removal repeated is a no-op in
+        the ledger). The host list comes from a read that started after this call did,
+        shared by every request that asked meanwhile: a host frozen or killed with a
+        thousand requests waiting on it costs a couple of reads, not a thousand.
+        """
         for name, holder in (plan.dead_hosts if plan else []):
-            await self.ledger.remove_host(name=name, holder=holder)
+            if (name, holder) not in self._removed_hosts:
+                await self.ledger.remove_host(name=name, holder=holder)
+                self._removed_hosts.add((name, holder))
         if plan:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
+        asked = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while True:
+            shared = self._host_read
+            if shared is None or shared.loop is not loop or (shared.task.done() and shared.started < asked):
+                shared = self._host_read = _SharedRead(loop, time.monotonic(), loop.create_task(self._read_hosts()))
+            if shared.started >= asked:
+                await asyncio.shield(shared.task)
+                return
+            # A read that began before this call may miss what made it ask: wait it out, then join the next.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(shared.task)
+
+    async def _read_hosts(self) -> None:
         self.directory.update(await self.ledger.hosts())
         self._refreshed_at = time.monotonic()
 

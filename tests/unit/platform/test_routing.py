@@ -190,3 +190,43 @@ def test_a_waiting_request_probes_again_as_its_hosts_lease_would_lapse_unrenewed
     assert next_probe(1.0, lease(0.3)) == pytest.approx(0.35)
     assert next_probe(1.0, lease(-0.1)) == pytest.approx(0.05)
     assert next_probe(1.0, None) == 1.0
+
+
+async def test_requests_failing_over_together_share_the_host_reads_and_each_dead_host_is_removed_once() -> None:
+    import asyncio
+
+    from rayfleet.ledger._values import HostInfo
+    from rayfleet.platform._routing import Courier
+
+    class CountingLedger:
+        """The two ledger calls a refresh makes, counted; each read takes a while, as under load."""
+
+        def __init__(self) -> None:
+            self.reads = 0
+            self.removals: list[tuple[str, str | None]] = []
+
+        async def hosts(self) -> list[HostInfo]:
+            self.reads += 1
+            await asyncio.sleep(0.01)
+            return [HostInfo(name="h2", holder="h2@b", started_at=0.0, draining=False)]
+
+        async def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
+            self.removals.append((name, holder))
+            return []
+
+    ledger = CountingLedger()
+    courier = Courier(HostDirectory("ns"), ledger)  # type: ignore[arg-type]
+    plans = []
+    for index in range(200):
+        plan = CallPlan(courier.directory, f"a/{index}")
+        plan.dead_hosts.append(("h1", "h1@a"))
+        plan.needs_refresh = True
+        plans.append(plan)
+    await asyncio.gather(*(courier.refresh_async(plan) for plan in plans))
+    assert ledger.removals == [("h1", "h1@a")]
+    assert 1 <= ledger.reads <= 2  # before: one read per request
+    assert courier.directory.names == ["h2"] and not any(plan.needs_refresh for plan in plans)
+    # A request asking after those reads ended gets a read of its own (it may be news to it).
+    before = ledger.reads
+    await courier.refresh_async()
+    assert ledger.reads == before + 1

@@ -99,3 +99,32 @@ def test_an_agent_module_that_cannot_be_pickled_is_refused_with_the_fix(tmp_path
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("ship_locked", None)
+
+
+def test_specs_of_one_shipped_class_rebuild_the_class_once_not_once_per_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rebuilding a class by value runs its metaclass (a State's pydantic schema) even when
+    # cloudpickle then hands back the class it already has: once per activation, before.
+    import cloudpickle.cloudpickle as by_value
+
+    (tmp_path / "ship_many.py").write_text(AGENTS.replace("from ship_helpers import shout", "shout = str.upper"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ship_many  # type: ignore[import-not-found]
+
+    try:
+        blobs = [pickle_spec(rf.AgentSpec(identity=f"echo/{index}", agent=ship_many.Echo)) for index in range(20)]
+        built: list[str] = []
+        skeleton = by_value._make_skeleton_class
+
+        def counted(*args: object, **kwargs: object) -> type:
+            built.append(str(args[1]))
+            return skeleton(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(by_value, "_make_skeleton_class", counted)
+        specs = [cloudpickle.loads(blob) for blob in blobs]
+        assert {spec.agent_class for spec in specs} == {ship_many.Echo}
+        # Echo, its State and its handler's arguments model: each once (was once per spec: 60).
+        assert sorted(built) == sorted(set(built)) and len(built) <= 3, built
+    finally:
+        sys.modules.pop("ship_many", None)
