@@ -1,5 +1,8 @@
 """Run the benchmark suite: ``python -m benchmarks [--quick] [--only B1,B5] [--out PATH]`` (also ``rayfleet bench``).
 
+``python -m benchmarks --markdown benchmarks/results/latest.json`` runs nothing and prints
+a results file as the Markdown table the README shows.
+
 Each benchmark (B1..B9, see the modules' docstrings and issue 12) measures rayfleet
 beside its raw-Ray baseline in the same process, in interleaved rounds after a
 warm-up, and reports the median over rounds and the spread of both sides. Rows are
@@ -14,6 +17,7 @@ only a Ray started here is shut down at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +28,7 @@ from rich.console import Console
 
 from . import activation, calls, density, failover, scatter, snapshots, spawning, workflows
 from ._context import Context, Mode, PostgresLedgers, Unit
-from ._report import Result, failed, line, show, write
+from ._report import Result, failed, line, markdown, show, write
 
 UNITS: tuple[Unit, ...] = (
     *calls.UNITS, *activation.UNITS, *density.UNITS, *scatter.UNITS, *workflows.UNITS, *snapshots.UNITS,
@@ -51,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                                                             "mean little)")
     parser.add_argument("--only", type=_ids, default=None, metavar="B1,B5", help="run only these benchmarks")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default: {DEFAULT_OUT})")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="RESULTS.json",
+                        help="run nothing: print the rows of a results file as a Markdown table (the README's)")
     return parser
 
 
@@ -99,6 +105,9 @@ def run(mode: Mode, *, only: Sequence[str] | None = None, out: Path = DEFAULT_OU
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; ``argv`` as on the command line (``None``: ``sys.argv[1:]``). Always returns 0."""
     options = _parser().parse_args(argv)
+    if options.markdown is not None:
+        print(markdown(json.loads(options.markdown.read_text())))
+        return 0
     mode: Mode = "smoke" if options.smoke else "quick" if options.quick else "full"
     # Rows and the table are wide; a pipe or a log file gets them unwrapped rather than at 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)

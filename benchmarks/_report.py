@@ -230,5 +230,15 @@ def table(results: Sequence[Result], *, title: str) -> Table:
     return grid
 
 
+def markdown(report: Mapping[str, Any]) -> str:
+    """The rows of a written JSON report as a Markdown table (the README's), in the order they ran."""
+    lines = ["| benchmark | rayfleet | raw Ray | ratio | unit | target | |", "|---|---|---|---|---|---|---|"]
+    for row in report["results"]:
+        verdict = "error" if row.get("error") else "pass" if row["pass"] else "miss"
+        lines.append(f"| {row['name']} | {number(row['rayfleet'])} | {number(row['baseline'])} | "
+                     f"{_ratio(row['ratio'])} | {row['unit']} | {row['target']} | {verdict} |")
+    return "\n".join(lines)
+
+
 def show(console: Console, results: Sequence[Result], *, title: str) -> None:
     console.print(table(results, title=title))
