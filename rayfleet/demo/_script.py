@@ -44,16 +44,20 @@ def run_demo(
         before = fleet.status("counter/alice")
         say(f"3. counter/alice added 2 then 3 and holds {total}. It lives on {before.host} with fencing token "
             f"{before.lease.fencing_token if before.lease else '-'}; checkpoint version {before.checkpoint_version} "
-            f"is committed to an Arrow file.")
+            f"is committed to the ledger.")
         victim = before.host
         assert victim is not None
         ray.kill(ray.get_actor(victim, namespace=DEMO_NAMESPACE))
         say(f"4. Killed host actor {victim} on purpose (ray.kill), without any warning to it.")
-        after_total = alice.call(Counter.add, n=1)
+        # ray.kill returns before the process is gone, so the dying host may still serve this call
+        # (and commit it) before its reply is lost; the key makes the retry on the new owner get
+        # that reply instead of adding again (without one a call is at-least-once).
+        after_total = alice.call(Counter.add, n=1, idempotency_key="demo-after-kill")
         after = fleet.status("counter/alice")
         token_before = before.lease.fencing_token if before.lease else 0
         token_after = after.lease.fencing_token if after.lease else 0
-        say(f"5. Called counter/alice again: it answered {after_total} (5 + 1) from {after.host}. The new owner took "
+        say(f"5. Called counter/alice again (with an idempotency key): it answered {after_total} (5 + 1) from "
+            f"{after.host}. The new owner took "
             f"a larger fencing token ({token_before} -> {token_after}) and resumed from the last checkpoint; "
             f"a write from the old owner would now be refused.")
         say(f"   notes/ops still reads {notes.call(Notebook.read)}; counter/bob still holds {bob.call(Counter.get)}.")
