@@ -231,14 +231,6 @@ _REFUSALS = (StaleFencingTokenError, LeaseLostError, UnknownIdentityError)
 """What the ledger answers a write whose token is no longer the identity's: another owner took over."""
 
 
-@dataclass(frozen=True, slots=True)
-class _PreparedCommit:
-    """A checkpoint taken from an agent, with the idempotency keys it carries out of ``pending_dedup``."""
-
-    checkpoint: Checkpoint
-    keys: list[tuple[str, bytes]]
-
-
 class _AgentContext:
     """The capabilities a hosted agent gets (``rf.Agent`` reads them through properties)."""
 
@@ -583,33 +575,32 @@ class HostRuntime:
         if entry.dropped:
             raise LeaseLostError(identity=entry.spec.identity,
                                  detail="the agent was taken out of service; nothing was committed")
-        prepared = self._checkpoint_of(entry)
+        checkpoint = self._checkpoint_of(entry)
         try:
-            (outcome,) = await self._committer.commit_many([prepared.checkpoint])
+            (outcome,) = await self._committer.commit_many([checkpoint])
         except asyncio.CancelledError:
             # The commit may still land; dropping without an await (the lease lapses, or
             # the next activation here re-acquires it under a token that fences the write).
             self._discard(entry)
             raise
-        return await self._settle_commit(entry, prepared, outcome)
+        return await self._settle_commit(entry, checkpoint, outcome)
 
-    def _checkpoint_of(self, entry: HostedAgent) -> _PreparedCommit:
+    def _checkpoint_of(self, entry: HostedAgent) -> Checkpoint:
         """The next checkpoint of ``entry`` (turn lock held): its State and the keys of the turns it covers.
 
         The keys leave ``pending_dedup``; :meth:`_settle_commit` puts them in the dedup
         window, or back, by the outcome.
         """
         keys, entry.pending_dedup = entry.pending_dedup, []
-        version = entry.checkpoint_version + 1
-        return _PreparedCommit(keys=keys, checkpoint=Checkpoint(
-            identity=entry.spec.identity, fencing_token=entry.grant.fencing_token, version=version,
-            state=entry.agent.state, extra=_encode_extra(entry), dedup=tuple(keys),
-            dedup_capacity=entry.spec.dedup_capacity,
-        ))
+        return Checkpoint(
+            identity=entry.spec.identity, fencing_token=entry.grant.fencing_token,
+            version=entry.checkpoint_version + 1, state=entry.agent.state, extra=_encode_extra(entry),
+            dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity,
+        )
 
-    async def _settle_commit(self, entry: HostedAgent, prepared: _PreparedCommit, outcome: Outcome) -> int:
+    async def _settle_commit(self, entry: HostedAgent, checkpoint: Checkpoint, outcome: Outcome) -> int:
         """Bring ``entry`` in line with what its commit came to (see :meth:`_commit`); returns the version."""
-        version, keys = prepared.checkpoint.version, prepared.keys
+        version, keys = checkpoint.version, list(checkpoint.dedup)
         if isinstance(outcome, _REFUSALS):
             raise await self._refused(entry, "checkpoint", outcome) from outcome
         if isinstance(outcome, StaleCheckpointVersionError):
@@ -893,15 +884,15 @@ class HostRuntime:
             await entry.turn_lock.acquire()  # free, so taken without yielding to another task
         try:
             dirty = [entry for entry in held if entry.dirty and not entry.dropped]
-            prepared = [self._checkpoint_of(entry) for entry in dirty]
+            checkpoints = [self._checkpoint_of(entry) for entry in dirty]
             try:
-                outcomes = await self._committer.commit_many([commit.checkpoint for commit in prepared])
+                outcomes = await self._committer.commit_many(checkpoints)
             except asyncio.CancelledError:
                 for entry in dirty:
                     self._discard(entry)  # as a single commit cancelled mid-way: the commits may still land
                 raise
-            committed = {id(entry): (commit, outcome) for entry, commit, outcome in zip(dirty, prepared, outcomes,
-                                                                                        strict=True)}
+            committed = {id(entry): (checkpoint, outcome)
+                         for entry, checkpoint, outcome in zip(dirty, checkpoints, outcomes, strict=True)}
             held_ids = set(map(id, held))
 
             async def retire(entry: HostedAgent) -> int | None:
@@ -971,7 +962,7 @@ class HostRuntime:
 
     async def _retire_entry(
         self, entry: HostedAgent, *, checkpoint: bool, release: bool = True,
-        committed: tuple[_PreparedCommit, Outcome] | None = None,
+        committed: tuple[Checkpoint, Outcome] | None = None,
     ) -> None:
         """Take ``entry`` out of service (turn lock held); its lease is released unless the caller
         releases it with others (``release=False``). ``committed``: its checkpoint, already

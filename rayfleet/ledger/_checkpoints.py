@@ -34,6 +34,16 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float) -> 
     return _judged(tx, batch, now)
 
 
+_MOVE_POINTER = ("UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
+                 "snapshot_inline = ?, committed_at = ? WHERE identity = ?")
+"""Move one identity's pointer; its parameters are :func:`_pointer_row`'s."""
+
+
+def _pointer_row(item: CheckpointCommit, now: float) -> tuple[object, ...]:
+    return (item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline, now,
+            item.identity)
+
+
 def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> bool:
     """Move every pointer of ``batch`` if each passes its checks; otherwise move none and return False.
 
@@ -45,11 +55,9 @@ def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> boo
     """
     tx.execute("SAVEPOINT checkpoint_batch")
     moved = tx.executemany(
-        "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
-        "snapshot_inline = ?, committed_at = ? WHERE identity = ? AND checkpoint_version < ? "
+        _MOVE_POINTER + " AND checkpoint_version < ? "
         "AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?)",
-        [(item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline, now,
-          item.identity, item.version, item.fencing_token) for item in batch],
+        [(*_pointer_row(item, now), item.version, item.fencing_token) for item in batch],
     ).rowcount
     if moved != len(batch):
         tx.execute("ROLLBACK TO SAVEPOINT checkpoint_batch")
@@ -80,17 +88,12 @@ def _judged(tx: Transaction, batch: list[CheckpointCommit], now: float) -> list[
                                                         current=current))
         else:
             versions[item.identity] = item.version
-            updates[item.identity] = (item.version, item.fencing_token, item.pointer.file, item.pointer.row,
-                                      item.pointer.inline, now, item.identity)
+            updates[item.identity] = _pointer_row(item, now)
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
             outcomes.append(None)
     if updates:
-        tx.executemany(
-            "UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
-            "snapshot_inline = ?, committed_at = ? WHERE identity = ?",
-            list(updates.values()),
-        )
+        tx.executemany(_MOVE_POINTER, list(updates.values()))
     return outcomes
 
 
