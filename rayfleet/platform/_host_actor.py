@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -46,6 +47,7 @@ from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..retry import RetryPolicy
+from ._batching import Answered, BatchServer
 from ._ledger_client import connect_ledger_from
 from ._metrics import HOST_EXPORT_INTERVAL, RayHostMetrics
 from ._placement import (
@@ -56,15 +58,8 @@ from ._placement import (
     live_nodes,
     nodes_without_hosts,
 )
-from ._routing import (
-    ERROR,
-    OK,
-    REDIRECT,
-    RETRY,
-    Courier,
-    HostDirectory,
-    deliver_request,
-)
+from ._replies import ERROR, OK, REDIRECT, RETRY, Reply
+from ._routing import Courier, HostDirectory, deliver_request
 from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
 log = logging.getLogger("rayfleet.host")
@@ -199,6 +194,7 @@ class AgentHost:
         self._node_keeper: asyncio.Task[None] | None = None
         self._unsure_passes = 0
         self._stopping = False
+        self._batches = BatchServer()
         context = ray.get_runtime_context()
         self._node = context.get_node_id()
         with warnings.catch_warnings():
@@ -358,6 +354,17 @@ class AgentHost:
             return result.value, result.usage
 
         return await self._serve(turn)
+
+    async def serve_batch(self, envelopes: list[Envelope], with_usage: bool) -> Answered:
+        """Serve several requests of one caller at once: each as :meth:`dispatch` (``with_usage``) or
+        :meth:`deliver` would, concurrently; the answer lists replies as ``_batching`` describes."""
+        serve = self.dispatch if with_usage else self.deliver
+        turns = [functools.partial(serve, envelope.target, envelope) for envelope in envelopes]
+        return await self._batches.serve(turns)
+
+    async def collect(self, token: str) -> Reply:
+        """The reply of a batch's turn that was still running when the batch was answered."""
+        return await self._batches.collect(token)
 
     async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
         """Fire-and-forget: hold the message durably, answer, then deliver it in the background.

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import pickle
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,12 +28,14 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError
 
-from ..errors import FleetUnavailableError, InvalidArgumentsError
+from ..errors import FleetUnavailableError
 from ..host._messages import Envelope
 from ..host._runtime import holder_host
 from ..ledger._contract import LedgerClient
 from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView
 from ..retry import RetryPolicy
+from ._batching import Batcher, EnvelopeRequest, submit
+from ._replies import ERROR, OK, REDIRECT, Reply
 
 log = logging.getLogger("rayfleet.routing")
 
@@ -87,11 +88,6 @@ HOLDER_MEMORY = 30.0
 """Seconds a probe's sighting of a host holding an identity's lease counts for later requests."""
 HOLDER_SIGHTINGS_CAP = 10_000
 
-# Reply kinds a host sends back; a tuple keeps the hot path free of class lookups.
-OK = "ok"
-REDIRECT = "redirect"
-RETRY = "retry"
-ERROR = "error"
 
 
 def rendezvous_pick(identity: str, hosts: Iterable[str]) -> str | None:
@@ -414,6 +410,7 @@ class Courier:
         self._restart_checks: dict[str, tuple[float, bool]] = {}
         self._removed_hosts: set[tuple[str, str | None]] = set()
         self._host_read: _SharedRead | None = None
+        self._batcher = Batcher()
 
     def _known_restarting(self, host: str, lease: LeaseView | None) -> bool | None:
         """Whether Ray is restarting ``host``, if that need not (or was just) asked; ``None``: ask."""
@@ -520,7 +517,7 @@ class Courier:
                     raise ray.exceptions.GetTimeoutError(f"no host to route {identity!r} to within the timeout")
                 continue
             name, handle = chosen
-            pending = _submit(handle, request, identity, method)
+            pending = submit(handle, request, identity, method)
             try:
                 reply = self._wait_sync(plan, name, pending, deadline)
             except ray.exceptions.GetTimeoutError:
@@ -577,9 +574,13 @@ class Courier:
             if chosen is None:
                 continue
             name, handle = chosen
-            pending = _submit(handle, request, identity, method)
+            if isinstance(request, EnvelopeRequest):
+                answer, pending = self._batcher.submit(name, handle, request), None
+            else:
+                pending = submit(handle, request, identity, method)
+                answer = asyncio.wrap_future(pending.future())
             try:
-                reply = await self._wait_async(plan, name, pending)
+                reply = await self._wait_async(plan, name, answer, pending)
             except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
                 continue
@@ -589,13 +590,15 @@ class Courier:
             if done:
                 return value
 
-    async def _wait_async(self, plan: CallPlan, host: str, pending: ray.ObjectRef[Any]) -> Any:
-        """:meth:`_wait_sync`, awaited.
+    async def _wait_async(
+        self, plan: CallPlan, host: str, reply: asyncio.Future[Reply], pending: ray.ObjectRef[Any] | None
+    ) -> Any:
+        """:meth:`_wait_sync`, awaited: ``reply`` answers the request, sent alone as ``pending`` or batched.
 
         A caller that is cancelled (a timeout, a ``FirstOf`` already decided) only stops
-        waiting: the turn goes on, as with the blocking path's timeout.
+        waiting: the turn goes on, as with the blocking path's timeout. An abandoned
+        request sent alone is cancelled on its host; a batched one is left to finish.
         """
-        reply: asyncio.Future[Any] = asyncio.wrap_future(pending.future())
         sent = time.monotonic()
         probe_in = self.probe_interval
         while True:
@@ -616,7 +619,8 @@ class Courier:
                 return reply.result()
             # Whatever the abandoned copy ends with (most often TaskCancelledError) is nobody's news.
             reply.add_done_callback(lambda future: future.cancelled() or future.exception())
-            _cancel(pending)
+            if pending is not None:
+                _cancel(pending)
             return _ABANDONED
 
 
@@ -648,24 +652,14 @@ def _cancel(pending: ray.ObjectRef[Any]) -> None:
         ray.cancel(pending)
 
 
-def _submit(handle: ray.actor.ActorHandle, request: HostRequest, identity: str, method: str) -> Any:
-    """Send one request; arguments Ray cannot serialize are the caller's error, said plainly."""
-    try:
-        return request(handle)
-    except (TypeError, ValueError, AttributeError, pickle.PicklingError) as error:
-        raise InvalidArgumentsError(
-            identity=identity, method=method, detail=f"they cannot be serialized to send to a host ({error})"
-        ) from None
+def deliver_request(envelope: Envelope) -> EnvelopeRequest:
+    """Run one turn on the owner; its reply is the handler's value. Batched on the async path."""
+    return EnvelopeRequest(envelope)
 
 
-def deliver_request(envelope: Envelope) -> HostRequest:
-    """Run one turn on the owner; its reply is the handler's value."""
-    return lambda host: host.deliver.remote(envelope.target, envelope)
-
-
-def dispatch_request(envelope: Envelope) -> HostRequest:
-    """Run one turn on the owner; its reply is ``(value, Usage)``, for workflow budgets."""
-    return lambda host: host.dispatch.remote(envelope.target, envelope)
+def dispatch_request(envelope: Envelope) -> EnvelopeRequest:
+    """Run one turn on the owner; its reply is ``(value, Usage)``, for workflow budgets. Batched on the async path."""
+    return EnvelopeRequest(envelope, with_usage=True)
 
 
 def tell_request(envelope: Envelope) -> HostRequest:

@@ -9,9 +9,9 @@ from ray.exceptions import ActorUnavailableError, ActorUnschedulableError
 
 import rayfleet as rf
 from rayfleet.ledger._values import LeaseView
+from rayfleet.platform._replies import REDIRECT
 from rayfleet.platform._routing import (
     MAX_HOPS,
-    REDIRECT,
     CallPlan,
     HostDirectory,
     next_probe,

@@ -1,0 +1,219 @@
+"""Requests one event loop sends to one host in the same loop turn go as one Ray call.
+
+A scatter step sends a message to each of 1,000 agents at once, and an ``ask`` loop with
+many in flight sends several as replies come back; each was a Ray actor call of its own,
+and the driver's per-call work in Ray (argument binding, task submission, one future
+per reply) cost more than the turns. Here envelope requests (``deliver`` and
+``dispatch``) are queued per host and loop, and sent with ``loop.call_soon``: every
+request the loop's ready callbacks submit meanwhile rides the same call.
+
+The host serves a batch's turns concurrently, exactly as it serves separate calls, and
+answers once every turn is done, or once none has finished for :data:`BATCH_STALL`
+seconds: a slow turn never holds its batch-mates' replies for longer than that. Replies
+come in the order the turns finished, so a gather that judges replies in arrival order
+(``FirstOf``) sees them so. A turn still running when the host answers is held under a
+token, and its reply is fetched with one ``collect`` call of its own.
+
+Guarantees are those of separate calls: each request gets its own reply, a failed batch
+call (the host died) fails each member with the same error so each re-routes alone, and
+a batch whose arguments cannot be serialized is sent again one call per request, so
+only the request at fault gets the error. One difference: an abandoned member (its
+host looked frozen and the request went elsewhere) is not cancelled on the old host;
+cancelling an abandoned request is best effort anyway, and the old host's late reply is
+never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from ..errors import InvalidArgumentsError
+from ..host._messages import Envelope
+from ._replies import RETRY, Reply
+
+BATCH_STALL = 0.025
+"""Seconds without a finished turn after which a host answers a batch with the turns that are done."""
+HELD_FOR = 60.0
+"""Seconds a host keeps the reply of a batch's straggler that nobody collected (the caller went away)."""
+
+Answered = list[tuple[int, Reply | None, str | None]]
+"""A host's answer to a batch: ``(index, reply, None)`` per finished turn in finishing order, then
+``(index, None, token)`` per turn still running (fetch it with ``collect(token)``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeRequest:
+    """One envelope for its target's owner: a ``deliver`` (the handler's value) or a ``dispatch``
+    (``(value, Usage)``, for workflow budgets). Sent alone when called with a host handle."""
+
+    envelope: Envelope
+    with_usage: bool = False
+
+    def __call__(self, host: ray.actor.ActorHandle) -> ray.ObjectRef[Any]:
+        method = host.dispatch if self.with_usage else host.deliver
+        pending: ray.ObjectRef[Any] = method.remote(self.envelope.target, self.envelope)
+        return pending
+
+
+@dataclass(slots=True)
+class _Open:
+    handle: ray.actor.ActorHandle
+    requests: list[EnvelopeRequest] = field(default_factory=list)
+    replies: list[asyncio.Future[Reply]] = field(default_factory=list)
+
+
+class Batcher:
+    """The courier's side: queues envelope requests per (loop, host, kind) until the loop's next turn."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[asyncio.AbstractEventLoop, str, bool], _Open] = {}
+
+    def submit(self, host: str, handle: ray.actor.ActorHandle, request: EnvelopeRequest) -> asyncio.Future[Reply]:
+        """Queue ``request`` for ``host``; the future gets its reply, or the error the call to the host met."""
+        loop = asyncio.get_running_loop()
+        key = (loop, host, request.with_usage)
+        batch = self._open.get(key)
+        if batch is None:
+            batch = self._open[key] = _Open(handle)
+            loop.call_soon(self._send, key)
+        reply: asyncio.Future[Reply] = loop.create_future()
+        batch.requests.append(request)
+        batch.replies.append(reply)
+        return reply
+
+    def _send(self, key: tuple[asyncio.AbstractEventLoop, str, bool]) -> None:
+        batch = self._open.pop(key)
+        if len(batch.requests) == 1:
+            _send_alone(batch.handle, batch.requests[0], batch.replies[0])
+            return
+        envelopes = [request.envelope for request in batch.requests]
+        try:
+            pending = batch.handle.serve_batch.remote(envelopes, key[2])
+        except (TypeError, ValueError, AttributeError, pickle.PicklingError):
+            # Some envelope cannot be serialized: alone, each gets its own answer (and only it the error).
+            for request, reply in zip(batch.requests, batch.replies, strict=True):
+                _send_alone(batch.handle, request, reply)
+            return
+        except Exception as error:  # noqa: BLE001 - each caller's route judges it, as if its own call had met it
+            for reply in batch.replies:
+                _fail(reply, error)
+            return
+        answered = asyncio.wrap_future(pending.future())
+        answered.add_done_callback(lambda done: _settle(batch, done))
+
+
+def submit(
+    handle: ray.actor.ActorHandle, request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]], identity: str,
+    method: str,
+) -> ray.ObjectRef[Any]:
+    """Send one request alone; arguments Ray cannot serialize are the caller's error, said plainly."""
+    try:
+        return request(handle)
+    except (TypeError, ValueError, AttributeError, pickle.PicklingError) as error:
+        raise InvalidArgumentsError(
+            identity=identity, method=method, detail=f"they cannot be serialized to send to a host ({error})"
+        ) from None
+
+
+def _send_alone(handle: ray.actor.ActorHandle, request: EnvelopeRequest, reply: asyncio.Future[Reply]) -> None:
+    try:
+        pending = submit(handle, request, request.envelope.target, request.envelope.method)
+    except Exception as error:  # noqa: BLE001 - raised on a loop callback, it would reach no caller: give it to one
+        _fail(reply, error)
+        return
+    _chain(asyncio.wrap_future(pending.future()), reply)
+
+
+def _settle(batch: _Open, answered: asyncio.Future[Answered]) -> None:
+    if answered.cancelled():
+        for reply in batch.replies:
+            reply.cancel()
+        return
+    error = answered.exception()
+    if error is not None:
+        for reply in batch.replies:
+            _fail(reply, error)
+        return
+    for index, value, token in answered.result():
+        reply = batch.replies[index]
+        if token is None:
+            if not reply.done():
+                reply.set_result(value)  # type: ignore[arg-type]
+        elif not reply.done():
+            _chain(asyncio.wrap_future(batch.handle.collect.remote(token).future()), reply)
+
+
+def _chain(source: asyncio.Future[Any], reply: asyncio.Future[Reply]) -> None:
+    def copy(done: asyncio.Future[Any]) -> None:
+        if reply.done():
+            return
+        if done.cancelled():
+            reply.cancel()
+        elif (error := done.exception()) is not None:
+            reply.set_exception(error)
+        else:
+            reply.set_result(done.result())
+
+    source.add_done_callback(copy)
+
+
+def _fail(reply: asyncio.Future[Reply], error: BaseException) -> None:
+    if not reply.done():
+        reply.set_exception(error)
+
+
+class BatchServer:
+    """The host's side: serves a batch's turns concurrently and holds its stragglers' replies."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, asyncio.Future[Reply]] = {}
+
+    async def serve(self, turns: Sequence[Callable[[], Awaitable[Reply]]]) -> Answered:
+        """Run each ``turns[i]()`` (a coroutine answering a ``Reply``) concurrently; answer per :data:`Answered`."""
+        order: list[int] = []
+
+        def finished_as(index: int) -> Callable[[asyncio.Future[Reply]], None]:
+            return lambda _: order.append(index)
+
+        tasks = [asyncio.ensure_future(turn()) for turn in turns]
+        for index, task in enumerate(tasks):
+            task.add_done_callback(finished_as(index))
+        running = set(tasks)
+        while running:
+            finished, running = await asyncio.wait(running, timeout=BATCH_STALL, return_when=asyncio.FIRST_COMPLETED)
+            if not finished and order:
+                break  # no turn finished for BATCH_STALL seconds: answer what is done
+        listed = set(order)
+        answered: Answered = [(index, tasks[index].result(), None) for index in order]
+        for index, task in enumerate(tasks):
+            if index in listed:
+                continue
+            # A turn that finished after the last wait has not run its done callback yet.
+            answered.append((index, task.result(), None) if task.done() else (index, None, self._hold(task)))
+        return answered
+
+    def _hold(self, task: asyncio.Future[Reply]) -> str:
+        token = uuid.uuid4().hex
+        self._held[token] = task
+        loop = asyncio.get_running_loop()
+        task.add_done_callback(lambda _: loop.call_later(HELD_FOR, self._held.pop, token, None))
+        return token
+
+    async def collect(self, token: str) -> Reply:
+        """The reply of a straggler named in an earlier answer, waited for if it is still running.
+
+        An unknown token (this host restarted since, or the reply was held longer than
+        :data:`HELD_FOR`) answers ``retry``: the caller routes the request again, as after
+        the death of a host that was running it.
+        """
+        task = self._held.pop(token, None)
+        if task is None:
+            return RETRY, None
+        return await asyncio.shield(task)
