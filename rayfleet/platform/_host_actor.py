@@ -145,16 +145,13 @@ class _HostRouter:
             raise DeadlineExceededError(identity=target, method=method, timeout=0.0)
         envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender, deadline=deadline,
                             chain=chain)
-        try:
-            return await asyncio.wait_for(self._send(envelope), timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
-
-    async def _send(self, envelope: Envelope) -> Any:
         runtime = self._host.runtime
-        if runtime.is_active(envelope.target):
-            return (await _deliver_as_turn(runtime, envelope)).value
-        return await self._host.courier.route_async(envelope.target, deliver_request(envelope), method=envelope.method)
+        if runtime.is_active(target):
+            try:
+                return await asyncio.wait_for(_deliver_as_turn(runtime, envelope), timeout)
+            except asyncio.TimeoutError:
+                raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
+        return await self._host.courier.route_async(target, deliver_request(envelope), method=method, timeout=timeout)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -107,13 +106,8 @@ class AgentRef:
         """``call``, awaited."""
         envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
                                  conversation=conversation, fence=fence)
-        work = self._courier.route_async(self.identity, deliver_request(envelope), method=envelope.method)
-        try:
-            return await asyncio.wait_for(work, timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceededError(
-                identity=self.identity, method=envelope.method, timeout=timeout or 0.0
-            ) from None
+        return await self._courier.route_async(self.identity, deliver_request(envelope), method=envelope.method,
+                                               timeout=timeout)
 
     def tell(
         self,

@@ -28,7 +28,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError
 
-from ..errors import FleetUnavailableError
+from ..errors import DeadlineExceededError, FleetUnavailableError
 from ..host._messages import Envelope
 from ..host._runtime import holder_host
 from ..ledger._contract import LedgerClient
@@ -563,13 +563,22 @@ class Courier:
             _cancel(pending)
             return _ABANDONED
 
-    async def route_async(self, identity: str, request: HostRequest, *, method: str) -> Any:
-        """:meth:`route_sync`, awaited."""
+    async def route_async(
+        self, identity: str, request: HostRequest, *, method: str, timeout: float | None = None
+    ) -> Any:
+        """:meth:`route_sync`, awaited; no reply within ``timeout`` seconds raises ``DeadlineExceededError``.
+
+        The deadline is kept here rather than by an ``asyncio.wait_for`` around the call,
+        which costs a task of its own per request.
+        """
         plan = self._plan(identity)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if plan.needs_refresh:
                 await _pause_async(plan.hops)
                 await self.refresh_async(plan)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceededError(identity=identity, method=method, timeout=timeout or 0.0)
             chosen = plan.target()
             if chosen is None:
                 continue
@@ -580,10 +589,12 @@ class Courier:
                 pending = submit(handle, request, identity, method)
                 answer = asyncio.wrap_future(pending.future())
             try:
-                reply = await self._wait_async(plan, name, answer, pending)
+                reply = await self._wait_async(plan, name, answer, pending, deadline)
             except Exception as error:  # noqa: BLE001 - on_failure re-raises all but a dead or busy host
                 plan.on_failure(name, error)
                 continue
+            if reply is _TIMED_OUT:
+                raise DeadlineExceededError(identity=identity, method=method, timeout=timeout or 0.0)
             if reply is _ABANDONED:
                 continue
             done, value = plan.on_reply(name, reply)
@@ -591,9 +602,11 @@ class Courier:
                 return value
 
     async def _wait_async(
-        self, plan: CallPlan, host: str, reply: asyncio.Future[Reply], pending: ray.ObjectRef[Any] | None
+        self, plan: CallPlan, host: str, reply: asyncio.Future[Reply], pending: ray.ObjectRef[Any] | None,
+        deadline: float | None,
     ) -> Any:
-        """:meth:`_wait_sync`, awaited: ``reply`` answers the request, sent alone as ``pending`` or batched.
+        """:meth:`_wait_sync`, awaited: ``reply`` answers the request, sent alone as ``pending`` or batched;
+        :data:`_TIMED_OUT` once ``deadline`` (monotonic) has passed.
 
         A caller that is cancelled (a timeout, a ``FirstOf`` already decided) only stops
         waiting: the turn goes on, as with the blocking path's timeout. An abandoned
@@ -602,9 +615,14 @@ class Courier:
         sent = time.monotonic()
         probe_in = self.probe_interval
         while True:
-            done, _ = await asyncio.wait({reply}, timeout=probe_in)
+            wait = probe_in if deadline is None else min(probe_in, max(deadline - time.monotonic(), 0.0))
+            done, _ = await asyncio.wait({reply}, timeout=wait)
             if done:
                 return reply.result()
+            if deadline is not None and time.monotonic() >= deadline:
+                # The caller stops waiting; the turn goes on (a retry under the same key gets its reply).
+                reply.add_done_callback(lambda future: future.cancelled() or future.exception())
+                return _TIMED_OUT
             lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
             probe_in = next_probe(self.probe_interval, lease)
             holder_now = None
@@ -644,6 +662,8 @@ def actor_restarting(handle: ray.actor.ActorHandle) -> bool:
 
 _ABANDONED: Any = object()
 """What a wait returns when its request was given up on because the host no longer owns the identity."""
+_TIMED_OUT: Any = object()
+"""What an awaited wait returns when the caller's deadline passed first."""
 
 
 def _cancel(pending: ray.ObjectRef[Any]) -> None:

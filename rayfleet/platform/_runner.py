@@ -28,7 +28,6 @@ import ray
 
 from ..checkpoints._journal_files import JournalFileStore
 from ..errors import (
-    DeadlineExceededError,
     FleetUnavailableError,
     RayfleetError,
     RunOwnedElsewhereError,
@@ -172,12 +171,8 @@ class RayDispatcher:
             target=target, method=method, kwargs=dict(payload), sender=self._sender,
             idempotency_key=idempotency_key, conversation=conversation, fence=fence,
         )
-        try:
-            value, usage = await asyncio.wait_for(
-                self._courier.route_async(target, dispatch_request(envelope), method=method), timeout
-            )
-        except asyncio.TimeoutError:
-            raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
+        value, usage = await self._courier.route_async(target, dispatch_request(envelope), method=method,
+                                                       timeout=timeout)
         return value, usage
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
