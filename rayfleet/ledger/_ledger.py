@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import InvalidSpecError, RayfleetError
 from ..identity._values import (
@@ -52,6 +53,8 @@ from ._values import (
     TopologyChange,
     TopologySnapshot,
 )
+
+T = TypeVar("T")
 
 
 class Ledger:
@@ -275,11 +278,15 @@ class Ledger:
 
         Only a SQLite store can tell at once; any other store answers ``None``.
         """
+        batch = list(commits)
+        return self._write_now(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
+
+    def _write_now(self, fn: Callable[[Transaction], T]) -> T | None:
+        """``fn`` written if the store can take it without waiting (a SQLite write lock free now), else ``None``."""
         if not isinstance(self._db, SqliteDatabase):
             return None
-        batch = list(commits)
-        wrote, outcomes = self._db.write_now(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
-        return outcomes if wrote else None
+        wrote, result = self._db.write_now(fn)
+        return result if wrote else None
 
     def latest_checkpoints(
         self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
@@ -401,6 +408,19 @@ class Ledger:
             StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
         """
         return self._db.write(
+            lambda tx: _runs.journal_step(
+                tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
+            )
+        )
+
+    def journal_step_now(
+        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
+    ) -> RunRequests | None:
+        """:meth:`journal_step` if the store can take it without waiting; ``None`` (nothing written) if not.
+
+        Only a SQLite store can tell at once; any other store answers ``None``.
+        """
+        return self._write_now(
             lambda tx: _runs.journal_step(
                 tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
             )

@@ -99,9 +99,10 @@ class LocalLedgerClient:
         ledger: the ledger to serve, or a path to a SQLite ledger file (created if missing).
         threads: run operations on this many worker threads (0: on the caller's thread).
         observe: told of every operation once it finished (for metrics); must not block.
-        small_commits: a ``commit_checkpoints`` of at most this many checkpoints runs on
-            the calling thread even with ``threads``, when the store can take it without
-            waiting for a lock (else on a worker thread as usual). For a SQLite file on
+        small_commits: a ``commit_checkpoints`` of at most this many checkpoints, and
+            (when this is not 0) a ``journal_step``, runs on the calling thread even with
+            ``threads``, when the store can take it without waiting for a lock (else on a
+            worker thread as usual). For a SQLite file on
             this machine the write (one fsync, a fraction of a millisecond) is cheaper
             than handing it to a worker thread and back, and a batch that small means
             few turns wait.
@@ -200,16 +201,23 @@ class LocalLedgerClient:
 
     def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
         if len(commits) <= self._small_commits:
-            started = time.perf_counter()
-            try:
-                outcomes = self.ledger.commit_checkpoints_now(commits)
-            except RayfleetError as error:
-                self._heard("commit_checkpoints", type(error).__name__, started)
-                return Completed(error=error)
-            if outcomes is not None:
-                self._heard("commit_checkpoints", "OK", started)
-                return Completed(outcomes)
+            done = self._written_now("commit_checkpoints", lambda: self.ledger.commit_checkpoints_now(commits))
+            if done is not None:
+                return done
         return self._run(self.ledger.commit_checkpoints, commits)
+
+    def _written_now(self, operation: str, write_now: Callable[[], T | None]) -> LedgerCall[T] | None:
+        """The answer of ``write_now()`` (a ledger ``*_now`` write, on this thread); ``None`` if it wrote nothing."""
+        started = time.perf_counter()
+        try:
+            result = write_now()
+        except RayfleetError as error:
+            self._heard(operation, type(error).__name__, started)
+            return Completed(error=error)
+        if result is None:
+            return None
+        self._heard(operation, "OK", started)
+        return Completed(result)
 
     def _heard(self, operation: str, outcome: str, started: float) -> None:
         if self._observe is not None:
@@ -280,6 +288,11 @@ class LocalLedgerClient:
     def journal_step(
         self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
     ) -> LedgerCall[RunRequests]:
+        if self._small_commits > 0:
+            done = self._written_now("journal_step", lambda: self.ledger.journal_step_now(
+                run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens))
+            if done is not None:
+                return done
         return self._run(
             self.ledger.journal_step,
             run_id=run_id,

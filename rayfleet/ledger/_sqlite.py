@@ -11,9 +11,9 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import LedgerSchemaError, LedgerUnavailableError
 from ._schema import MIGRATIONS, SQLITE
@@ -112,13 +112,16 @@ class SqliteDatabase:
 
     def _finish(self, fn: Callable[[Transaction], T]) -> T:
         """Run ``fn`` in the transaction just begun and commit it; roll back if anything fails."""
+        statements = _Statements(self._connection)
         try:
-            result = fn(self._connection)
+            result = fn(statements)
             self._connection.execute("COMMIT")
         except BaseException:
             if self._connection.in_transaction:
                 self._connection.execute("ROLLBACK")
             raise
+        finally:
+            statements.close()
         return result
 
     def _translated(self, error: sqlite3.OperationalError) -> Exception:
@@ -130,10 +133,13 @@ class SqliteDatabase:
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.
         with self._lock:
+            statements = _Statements(self._connection)
             try:
-                return fn(self._connection)
+                return fn(statements)
             except sqlite3.OperationalError as error:
                 raise self._translated(error) from None
+            finally:
+                statements.close()
 
     def _unavailable(self, error: sqlite3.Error) -> LedgerUnavailableError:
         return LedgerUnavailableError(
@@ -153,3 +159,34 @@ class SqliteDatabase:
     def close(self) -> None:
         with self._lock:
             self._connection.close()
+
+
+class _Statements:
+    """The connection as a :class:`Transaction` whose statements are all closed when it ends.
+
+    A statement left open (a SELECT not read to its end, its cursor kept alive by an
+    error's traceback) holds the connection's read snapshot after the transaction, and
+    SQLite then fails this connection's next write at once (``SQLITE_BUSY``, without the
+    busy wait) whenever another process has written meanwhile or holds the write lock.
+    """
+
+    __slots__ = ("_connection", "_cursors")
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._connection = connection
+        self._cursors: list[sqlite3.Cursor] = []
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> sqlite3.Cursor:
+        cursor = self._connection.execute(sql, parameters)
+        self._cursors.append(cursor)
+        return cursor
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> sqlite3.Cursor:
+        cursor = self._connection.executemany(sql, rows)
+        self._cursors.append(cursor)
+        return cursor
+
+    def close(self) -> None:
+        for cursor in self._cursors:
+            cursor.close()
+        self._cursors.clear()

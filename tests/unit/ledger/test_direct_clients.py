@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import sqlite3
+import threading
 from pathlib import Path
 
 import cloudpickle
@@ -11,6 +12,7 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.identity._values import SnapshotPointer
+from rayfleet.ledger import RunRequests
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import Completed, LocalLedgerClient
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
@@ -95,3 +97,56 @@ def test_a_small_commit_is_written_at_once_and_waits_on_a_worker_thread_only_whi
         assert ledger.resolve(["a"])["a"].snapshot == SnapshotPointer(file="", row=0, version=2)
     finally:
         client.close()
+
+
+def test_a_journal_write_is_written_at_once_and_waits_on_a_worker_thread_only_while_the_file_is_locked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
+    token = ledger.acquire_run_lease(run_id="r", holder="E1", ttl=30.0).token
+    client = LocalLedgerClient(ledger, threads=2, small_commits=8)
+    try:
+        done = client.journal_step(run_id="r", fencing_token=token, label="a", output=b"1", tokens=0)
+        assert isinstance(done, Completed) and done.result() == RunRequests()  # no thread hand-off
+        refused = client.journal_step(run_id="r", fencing_token=token - 1, label="b", output=b"2", tokens=0)
+        assert isinstance(refused, Completed)
+        with pytest.raises(rf.StaleRunTokenError):
+            refused.result()
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        waiting = client.journal_step(run_id="r", fencing_token=token, label="c", output=b"3", tokens=0)
+        assert not isinstance(waiting, Completed)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.3)  # waits on a worker thread, not on the caller's
+        other.execute("ROLLBACK")
+        assert waiting.result(timeout=5) == RunRequests()
+        assert [entry.label for entry in ledger.journal("r").steps] == ["a", "c"]
+    finally:
+        client.close()
+
+
+def test_a_refused_write_leaves_no_statement_open_so_the_next_write_waits_for_another_processs_lock(
+    tmp_path: Path,
+) -> None:
+    # A statement left open by a refused write (its cursor kept alive by the error's
+    # traceback) kept the connection's read snapshot, and SQLite then failed the next
+    # write at once instead of waiting for the writer holding the file's lock.
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
+    token = ledger.acquire_run_lease(run_id="r", holder="E1", ttl=30.0).token
+    with pytest.raises(rf.StaleRunTokenError) as refused:
+        ledger.journal_step(run_id="r", fencing_token=token - 1, label="a", output=b"1", tokens=0)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process writes for a moment
+    other.execute("UPDATE runs SET pause_requested = 0 WHERE run_id = 'r'")
+    releaser = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    releaser.start()
+    try:
+        assert ledger.journal_step(run_id="r", fencing_token=token, label="b", output=b"2", tokens=0) == RunRequests()
+    finally:
+        releaser.join()
+    assert [entry.label for entry in ledger.journal("r").steps] == ["b"]
+    assert refused.value.run_id == "r"
