@@ -10,6 +10,7 @@ the effect it guards is durable.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
 from ..identity._values import SnapshotPointer
@@ -18,33 +19,52 @@ from ._store import Transaction
 from ._values import CheckpointCommit, CheckpointRow
 
 
-def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float) -> list[RayfleetError | None]:
+@dataclass(frozen=True, slots=True)
+class StoreClock:
+    """The store's own clock as an SQL expression (``Database.clock_sql``), read as a statement runs."""
+
+    sql: str
+
+
+def commit(
+    tx: Transaction, commits: Iterable[CheckpointCommit], now: float | StoreClock
+) -> list[RayfleetError | None]:
     """Move every pointer that passes its checks; one outcome per commit, in order.
 
+    ``now`` stamps ``committed_at``: a time already read, or the store's clock, read by
+    the update itself (on PostgreSQL a round trip less than reading it first).
     The common case, every commit passes, costs one batched conditional update and no
     reads (:func:`_all_pass`). Otherwise that update is undone and the batch is judged
     by the rules (:func:`_judged`).
     """
     batch = list(commits)
-    if _all_pass(tx, batch, now):
+    move = _Move(now)
+    if _all_pass(tx, batch, move):
         for item in batch:
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
         return [None] * len(batch)
-    return _judged(tx, batch, now)
+    return _judged(tx, batch, move)
 
 
-_MOVE_POINTER = ("UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
-                 "snapshot_inline = ?, committed_at = ? WHERE identity = ?")
-"""Move one identity's pointer; its parameters are :func:`_pointer_row`'s."""
+class _Move:
+    """The update that moves one identity's pointer, with ``committed_at`` from ``now``."""
+
+    __slots__ = ("_now", "sql")
+
+    def __init__(self, now: float | StoreClock) -> None:
+        stamp = now.sql if isinstance(now, StoreClock) else "?"
+        self._now = () if isinstance(now, StoreClock) else (now,)
+        self.sql = ("UPDATE continuity SET checkpoint_version = ?, fence = ?, snapshot_file = ?, snapshot_row = ?, "
+                    f"snapshot_inline = ?, committed_at = {stamp} WHERE identity = ?")
+
+    def row(self, item: CheckpointCommit) -> tuple[object, ...]:
+        """The parameters of :attr:`sql` for ``item``."""
+        return (item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline,
+                *self._now, item.identity)
 
 
-def _pointer_row(item: CheckpointCommit, now: float) -> tuple[object, ...]:
-    return (item.version, item.fencing_token, item.pointer.file, item.pointer.row, item.pointer.inline, now,
-            item.identity)
-
-
-def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> bool:
+def _all_pass(tx: Transaction, batch: list[CheckpointCommit], move: _Move) -> bool:
     """Move every pointer of ``batch`` if each passes its checks; otherwise move none and return False.
 
     Each update moves its row only where the fencing rule (:func:`_leases.fence_refusal`:
@@ -55,9 +75,9 @@ def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> boo
     """
     tx.execute("SAVEPOINT checkpoint_batch")
     moved = tx.executemany(
-        _MOVE_POINTER + " AND checkpoint_version < ? "
+        move.sql + " AND checkpoint_version < ? "
         "AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?)",
-        [(*_pointer_row(item, now), item.version, item.fencing_token) for item in batch],
+        [(*move.row(item), item.version, item.fencing_token) for item in batch],
     ).rowcount
     if moved != len(batch):
         tx.execute("ROLLBACK TO SAVEPOINT checkpoint_batch")
@@ -65,7 +85,7 @@ def _all_pass(tx: Transaction, batch: list[CheckpointCommit], now: float) -> boo
     return moved == len(batch)
 
 
-def _judged(tx: Transaction, batch: list[CheckpointCommit], now: float) -> list[RayfleetError | None]:
+def _judged(tx: Transaction, batch: list[CheckpointCommit], move: _Move) -> list[RayfleetError | None]:
     """Judge each commit of ``batch`` by the rules and move the pointers of those that pass.
 
     Set-based: the fence marks and current versions of the whole batch are read
@@ -88,12 +108,12 @@ def _judged(tx: Transaction, batch: list[CheckpointCommit], now: float) -> list[
                                                         current=current))
         else:
             versions[item.identity] = item.version
-            updates[item.identity] = _pointer_row(item, now)
+            updates[item.identity] = move.row(item)
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
             outcomes.append(None)
     if updates:
-        tx.executemany(_MOVE_POINTER, list(updates.values()))
+        tx.executemany(move.sql, list(updates.values()))
     return outcomes
 
 

@@ -86,6 +86,10 @@ class Ledger:
     def _now(self, tx: Transaction) -> float:
         return self._clock() if self._clock is not None else self._db.now(tx)
 
+    def _stamp(self) -> float | _checkpoints.StoreClock:
+        """What stamps a checkpoint's ``committed_at``: the given clock, else the store's, read by the update."""
+        return self._clock() if self._clock is not None else _checkpoints.StoreClock(self._db.clock_sql)
+
     def _on_open(self, tx: Transaction) -> None:
         # Lock-delay once per restart of the authority: leases it finds were held by
         # owners that could not renew while it was down; they get one TTL to do so.
@@ -271,7 +275,7 @@ class Ledger:
         entries change nothing; accepted ones are durable when this returns.
         """
         batch = list(commits)
-        return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
+        return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
 
     def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None] | None:
         """:meth:`commit_checkpoints` if the store can take it without waiting; ``None`` (nothing written) if not.
@@ -279,7 +283,7 @@ class Ledger:
         Only a SQLite store can tell at once; any other store answers ``None``.
         """
         batch = list(commits)
-        return self._write_now(lambda tx: _checkpoints.commit(tx, batch, self._now(tx)))
+        return self._write_now(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
 
     def _write_now(self, fn: Callable[[Transaction], T]) -> T | None:
         """``fn`` written if the store can take it without waiting (a SQLite write lock free now), else ``None``."""

@@ -202,6 +202,7 @@ class PostgresDatabase:
     """
 
     kind = "postgresql"
+    clock_sql = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
 
     def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float | None = None) -> None:
         self.url = url
@@ -301,7 +302,7 @@ class PostgresDatabase:
                     self._pool.check()
 
     def now(self, tx: Transaction) -> float:
-        row = tx.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").fetchone()
+        row = tx.execute(f"SELECT {self.clock_sql}").fetchone()
         assert row is not None  # a SELECT of one expression returns one row
         return float(row[0])
 

@@ -45,6 +45,8 @@ class SqliteDatabase:
     """
 
     kind = "sqlite"
+    clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+    """The same clock as :meth:`now` (the operating system's), in SQLite's own date functions."""
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path)

@@ -62,6 +62,9 @@ class Database(Protocol):
         """The authority's wall clock, in seconds since the epoch, as seen inside ``tx``."""
         ...
 
+    clock_sql: str
+    """:meth:`now` as an SQL expression, for a statement that stamps a row without reading the clock first."""
+
     def incarnation(self, tx: Transaction) -> str:
         """Changes whenever the database itself restarted (lock-delay applies after a restart)."""
         ...

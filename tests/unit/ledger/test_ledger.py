@@ -11,6 +11,7 @@ import contextlib
 import pickle
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pg_support
@@ -1511,3 +1512,42 @@ def test_a_batch_is_judged_in_order_whether_or_not_every_commit_passes(ledger):
     views = ledger.resolve(["a", "b"])
     assert views["a"].continuity.checkpoint_version == 4
     assert (views["b"].continuity.checkpoint_version, views["b"].snapshot.row) == (5, 9)
+
+
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+def test_a_checkpoint_is_stamped_by_the_stores_clock_inside_its_update(store, tmp_path, monkeypatch):
+    """Without an injected clock, ``committed_at`` is the store's clock, read by the update itself.
+
+    On PostgreSQL reading the clock first cost a round trip of its own: a commit whose
+    checkpoints all pass now exchanges with the server once before its COMMIT (the
+    conditional update's row count), counted at the transaction's send.
+    """
+    from rayfleet.ledger import _postgres
+
+    if store == "postgresql":
+        url = pg_support.create_database()
+        ledger = Ledger(PostgresDatabase(url, pool_size=2))
+    else:
+        ledger = Ledger(SqliteBackend(tmp_path).path)
+    try:
+        register(ledger, "a")
+        token = grant(ledger, "H", "a").fencing_token
+        sends = [0]
+        real_send = _postgres._Transaction.send
+
+        def counted(self: object) -> None:
+            sends[0] += 1
+            real_send(self)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_postgres._Transaction, "send", counted)
+        before = time.time()
+        assert ledger.commit_checkpoints([commit("a", token, 1)]) == [None]
+        after = time.time()
+        [row] = ledger.latest_checkpoints(limit=1)
+        assert row.committed_at is not None and before - 0.5 <= row.committed_at <= after + 0.5
+        if store == "postgresql":
+            assert sends[0] == 1 + 1  # the commit's one exchange, and the read of latest_checkpoints
+    finally:
+        ledger.close()
+        if store == "postgresql":
+            pg_support.drop_database(url)
