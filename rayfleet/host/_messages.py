@@ -97,6 +97,37 @@ class Envelope:
             return None
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}{self.idempotency_key}"
 
+    def wire(self) -> EnvelopeWire:
+        """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
+        return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
+                self.conversation, self.fence, self.message_id, self.sent_at, self.chain)
+
+    @classmethod
+    def from_wire(cls, wire: object) -> Envelope:
+        """The envelope :meth:`wire` sent, checked like any constructed one.
+
+        Raises:
+            InvalidSpecError: ``wire`` is not an envelope's wire form, or one of its fields is malformed.
+        """
+        if not isinstance(wire, tuple) or len(wire) != len(_WIRE_FIELDS):
+            raise InvalidSpecError(
+                f"malformed message: expected an rf.Envelope or its wire form (a tuple of {len(_WIRE_FIELDS)} "
+                f"fields), got {type(wire).__name__}; send messages through fleet.agent(...).call()",
+                field="envelope",
+            )
+        return cls(**dict(zip(_WIRE_FIELDS, wire, strict=True)))
+
+
+EnvelopeWire = tuple[Any, ...]
+"""An :class:`Envelope` as it crosses a Ray call: its field values, in the order of its fields.
+
+Ray sends a tuple of plain values (strings, numbers, tuples, dicts) through its msgpack
+path and pickles only what msgpack cannot hold (a handler's argument of a class of its
+own), where the dataclass went whole through cloudpickle: about 0.14 ms more per call
+on this machine. Tuples stay tuples on the way. Hosts accept either form."""
+
+_WIRE_FIELDS = tuple(field.name for field in dataclasses.fields(Envelope))
+
 
 def _envelope_problem(envelope: Envelope) -> str:
     if not isinstance(envelope.target, str) or not envelope.target:

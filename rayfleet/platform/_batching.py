@@ -58,7 +58,7 @@ class EnvelopeRequest:
 
     def __call__(self, host: ray.actor.ActorHandle) -> ray.ObjectRef[Any]:
         method = host.dispatch if self.with_usage else host.deliver
-        pending: ray.ObjectRef[Any] = method.remote(self.envelope.target, self.envelope)
+        pending: ray.ObjectRef[Any] = method.remote(self.envelope.target, self.envelope.wire())
         return pending
 
 
@@ -93,7 +93,7 @@ class Batcher:
         if len(batch.requests) == 1:
             _send_alone(batch.handle, batch.requests[0], batch.replies[0])
             return
-        envelopes = [request.envelope for request in batch.requests]
+        envelopes = [request.envelope.wire() for request in batch.requests]
         try:
             pending = batch.handle.serve_batch.remote(envelopes, key[2])
         except (TypeError, ValueError, AttributeError, pickle.PicklingError):

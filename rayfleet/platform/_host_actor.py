@@ -34,7 +34,7 @@ from ..errors import (
     is_retryable,
 )
 from ..host._events import EventSubscription
-from ..host._messages import DeadLetterReason, Envelope
+from ..host._messages import DeadLetterReason, Envelope, EnvelopeWire
 from ..host._runtime import (
     DrainReport,
     HostDraining,
@@ -102,6 +102,23 @@ def _tell_outcome(error: BaseException) -> DeadLetterReason | None:
     if not isinstance(error, RayfleetError) or isinstance(error, (LeaseLostError, FleetUnavailableError, LedgerError)):
         return None
     return None if is_retryable(error) else DeadLetterReason.REJECTED
+
+
+def _received(identity: str, sent: object) -> Envelope | InvalidSpecError:
+    """The envelope a request carried (itself or its wire form), or why it is not one addressed to ``identity``."""
+    try:
+        envelope = sent if isinstance(sent, Envelope) else Envelope.from_wire(sent)
+    except InvalidSpecError as error:
+        return error
+    except TypeError as error:  # fields a foreign client named differently
+        return InvalidSpecError(f"malformed message for {identity!r}: {error}", field="envelope")
+    if envelope.target != identity:
+        return InvalidSpecError(
+            f"malformed request for {identity!r}: expected an rf.Envelope addressed to it, got one for "
+            f"{envelope.target!r}. Send messages through fleet.agent(...).call()",
+            field="envelope",
+        )
+    return envelope
 
 
 async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> Any:
@@ -328,42 +345,41 @@ class AgentHost:
                 f"please report it with the host log"
             )
 
-    async def deliver(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
-        if not isinstance(envelope, Envelope) or envelope.target != identity:
-            return ERROR, InvalidSpecError(
-                f"malformed request for {identity!r}: expected an rf.Envelope addressed to it, got "
-                f"{type(envelope).__name__}. Send messages through fleet.agent(...).call()",
-                field="envelope",
-            )
+    async def deliver(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
+        received = _received(identity, envelope)
+        if isinstance(received, InvalidSpecError):
+            return ERROR, received
 
         async def turn() -> Any:
-            return (await _deliver_as_turn(self.runtime, envelope)).value
+            return (await _deliver_as_turn(self.runtime, received)).value
 
         return await self._serve(turn)
 
-    async def dispatch(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
+    async def dispatch(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
         """Like :meth:`deliver`, but the reply carries the turn's usage: ``(value, Usage)``."""
-        if not isinstance(envelope, Envelope) or envelope.target != identity:
-            return await self.deliver(identity, envelope)
+        received = _received(identity, envelope)
+        if isinstance(received, InvalidSpecError):
+            return ERROR, received
 
         async def turn() -> Any:
-            result = await _deliver_as_turn(self.runtime, envelope)
+            result = await _deliver_as_turn(self.runtime, received)
             return result.value, result.usage
 
         return await self._serve(turn)
 
-    async def serve_batch(self, envelopes: list[Envelope], with_usage: bool) -> Answered:
+    async def serve_batch(self, envelopes: list[EnvelopeWire], with_usage: bool) -> Answered:
         """Serve several requests of one caller at once: each as :meth:`dispatch` (``with_usage``) or
         :meth:`deliver` would, concurrently; the answer lists replies as ``_batching`` describes."""
         serve = self.dispatch if with_usage else self.deliver
-        turns = [functools.partial(serve, envelope.target, envelope) for envelope in envelopes]
+        turns = [functools.partial(serve, wire[0] if isinstance(wire, tuple) and wire else "", wire)
+                 for wire in envelopes]
         return await self._batches.serve(turns)
 
     async def collect(self, token: str) -> Reply:
         """The reply of a batch's turn that was still running when the batch was answered."""
         return await self._batches.collect(token)
 
-    async def tell(self, identity: str, envelope: Envelope) -> tuple[str, Any]:
+    async def tell(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
         """Fire-and-forget: hold the message durably, answer, then deliver it in the background.
 
         The sender's answer comes only once the ledger holds the message; if it cannot,
@@ -377,8 +393,10 @@ class AgentHost:
         lease TTL. The message carries an idempotency key (its own, else
         ``tell:<message id>``), so a second delivery of a handled tell has no second effect.
         """
-        if not isinstance(envelope, Envelope) or envelope.target != identity:
-            return await self.deliver(identity, envelope)
+        received = _received(identity, envelope)
+        if isinstance(received, InvalidSpecError):
+            return ERROR, received
+        envelope = received
         try:
             await self.start()
         except Exception as error:  # noqa: BLE001 - the same typed answer as every other request

@@ -684,7 +684,7 @@ def dispatch_request(envelope: Envelope) -> EnvelopeRequest:
 
 def tell_request(envelope: Envelope) -> HostRequest:
     """Hand a message to the owner, which runs it in the background."""
-    return lambda host: host.tell.remote(envelope.target, envelope)
+    return lambda host: host.tell.remote(envelope.target, envelope.wire())
 ROUTING_RETRY = RetryPolicy(max_attempts=MAX_HOPS, base_delay=0.05, max_delay=1.0, jitter=0.0)
 """Waits before re-reading the host directory on a routing retry; hops are counted by ``CallPlan``."""
 

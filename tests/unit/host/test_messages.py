@@ -114,3 +114,25 @@ def test_an_envelope_missing_a_field_is_refused_by_check() -> None:
         object.__setattr__(envelope, name, getattr(rf.Envelope(target="a/1", method="get"), name))
     with pytest.raises(rf.InvalidSpecError, match="missing field.*chain"):
         envelope.check()
+
+
+def test_an_envelope_crosses_a_ray_call_as_its_wire_form_and_comes_back_equal() -> None:
+    sent = rf.Envelope(target="a", method="add", args=((1, 2),), kwargs={"pair": (3, [4])}, sender="b",
+                    idempotency_key="k", deadline=5.0, conversation="c", fence=2, chain=("b",))
+    wire = sent.wire()
+    assert type(wire) is tuple and all(type(part) is not rf.Envelope for part in wire)
+    assert rf.Envelope.from_wire(wire) == sent
+
+
+@pytest.mark.parametrize("wire", [["a", "add"], ("a", "add"), "not a message", None])
+def test_something_that_is_not_an_envelopes_wire_form_is_refused_naming_it(wire: object) -> None:
+    with pytest.raises(rf.InvalidSpecError, match="wire form") as refused:
+        rf.Envelope.from_wire(wire)
+    assert refused.value.field == "envelope"
+
+
+def test_a_wire_form_with_a_malformed_field_is_refused_like_a_constructed_envelope() -> None:
+    wire = list(rf.Envelope(target="a", method="add").wire())
+    wire[1] = "not a name!"
+    with pytest.raises(rf.InvalidSpecError, match="method must be a handler name"):
+        rf.Envelope.from_wire(tuple(wire))
