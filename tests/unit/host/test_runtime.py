@@ -252,6 +252,36 @@ async def test_activations_arriving_during_a_batch_go_out_in_the_next(ledger: Le
         assert values == list(range(30))
 
 
+class CountingLedgerClient(LocalLedgerClient):
+    """A real ledger that records how many identities each acquire call carried."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.acquired: list[int] = []
+
+    async def acquire(self, **kwargs: object) -> dict:  # type: ignore[override]
+        self.acquired.append(len(kwargs["identities"]))  # type: ignore[arg-type]
+        return await super().acquire(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_many_activations_at_once_go_out_in_acquire_calls_of_bounded_size(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    # One transaction of thousands of acquisitions held a SQLite file's write lock long
+    # enough to starve other hosts' lease renewals (B4 lost 60,000 leases).
+    from rayfleet.host._runtime import ACQUIRE_BATCH
+
+    count = 2 * ACQUIRE_BATCH + 30
+    for index in range(count):
+        register(ledger, f"c/{index}")
+    client = CountingLedgerClient(ledger)
+    host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
+    async with host:
+        values = await asyncio.gather(*(host.deliver(f"c/{i}", "add", (), {"n": i}) for i in range(count)))
+        assert [result.value for result in values] == list(range(count))
+    assert sum(client.acquired) == count and max(client.acquired) <= ACQUIRE_BATCH, client.acquired
+
+
 async def test_internal_only_agents_refuse_outside_callers(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/inner", addressability=rf.Addressability.INTERNAL_ONLY)
     async with runtime(ledger, tmp_path) as host:
