@@ -5,7 +5,9 @@ from __future__ import annotations
 import concurrent.futures
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import cloudpickle
 import pytest
@@ -13,11 +15,13 @@ import pytest
 import rayfleet as rf
 from rayfleet.identity._values import SnapshotPointer
 from rayfleet.ledger import RunRequests
+from rayfleet.ledger._contract import LedgerCall
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import Completed, LocalLedgerClient
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
 from rayfleet.testing import ManualClock
 
+T = TypeVar("T")
 TTL = 10.0
 
 
@@ -66,6 +70,23 @@ def test_a_direct_client_reports_every_operation_with_its_outcome(tmp_path: Path
     assert heard == [("fleet_identity", "OK"), ("set_lifecycle", "UnknownIdentityError")]
 
 
+def written_once_unlocked(path: Path, write: Callable[[], LedgerCall[T]]) -> T:
+    """Start ``write()`` while another process holds the file's write lock; its result once the lock is free.
+
+    Asserts that the write waits on a worker thread (the caller gets a pending call at
+    once) rather than failing or blocking the caller.
+    """
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    waiting = write()
+    assert not isinstance(waiting, Completed)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        waiting.result(timeout=0.3)  # waits on a worker thread, not on the caller's
+    other.execute("ROLLBACK")
+    other.close()
+    return waiting.result(timeout=5)
+
+
 def test_a_small_commit_is_written_at_once_and_waits_on_a_worker_thread_only_while_the_file_is_locked(
     tmp_path: Path,
 ) -> None:
@@ -86,26 +107,24 @@ def test_a_small_commit_is_written_at_once_and_waits_on_a_worker_thread_only_whi
     try:
         done = client.commit_checkpoints([commit(1)])
         assert isinstance(done, Completed) and done.result() == [None]  # no thread hand-off
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        waiting = client.commit_checkpoints([commit(2)])
-        assert not isinstance(waiting, Completed)
-        with pytest.raises(concurrent.futures.TimeoutError):
-            waiting.result(timeout=0.3)  # waits on a worker thread, not on the caller's
-        other.execute("ROLLBACK")
-        assert waiting.result(timeout=5) == [None]
+        assert written_once_unlocked(path, lambda: client.commit_checkpoints([commit(2)])) == [None]
         assert ledger.resolve(["a"])["a"].snapshot == SnapshotPointer(file="", row=0, version=2)
     finally:
         client.close()
 
 
-def test_a_journal_write_is_written_at_once_and_waits_on_a_worker_thread_only_while_the_file_is_locked(
-    tmp_path: Path,
-) -> None:
+def ledger_with_a_run(tmp_path: Path) -> tuple[Path, Ledger, int]:
+    """A SQLite ledger file holding run ``r``, and the run lease's token (held by ``E1``)."""
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger(path)
     ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
-    token = ledger.acquire_run_lease(run_id="r", holder="E1", ttl=30.0).token
+    return path, ledger, ledger.acquire_run_lease(run_id="r", holder="E1", ttl=30.0).token
+
+
+def test_a_journal_write_is_written_at_once_and_waits_on_a_worker_thread_only_while_the_file_is_locked(
+    tmp_path: Path,
+) -> None:
+    path, ledger, token = ledger_with_a_run(tmp_path)
     client = LocalLedgerClient(ledger, threads=2, small_commits=8)
     try:
         done = client.journal_step(run_id="r", fencing_token=token, label="a", output=b"1", tokens=0)
@@ -114,14 +133,9 @@ def test_a_journal_write_is_written_at_once_and_waits_on_a_worker_thread_only_wh
         assert isinstance(refused, Completed)
         with pytest.raises(rf.StaleRunTokenError):
             refused.result()
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        waiting = client.journal_step(run_id="r", fencing_token=token, label="c", output=b"3", tokens=0)
-        assert not isinstance(waiting, Completed)
-        with pytest.raises(concurrent.futures.TimeoutError):
-            waiting.result(timeout=0.3)  # waits on a worker thread, not on the caller's
-        other.execute("ROLLBACK")
-        assert waiting.result(timeout=5) == RunRequests()
+        written = written_once_unlocked(
+            path, lambda: client.journal_step(run_id="r", fencing_token=token, label="c", output=b"3", tokens=0))
+        assert written == RunRequests()
         assert [entry.label for entry in ledger.journal("r").steps] == ["a", "c"]
     finally:
         client.close()
@@ -133,10 +147,7 @@ def test_a_refused_write_leaves_no_statement_open_so_the_next_write_waits_for_an
     # A statement left open by a refused write (its cursor kept alive by the error's
     # traceback) kept the connection's read snapshot, and SQLite then failed the next
     # write at once instead of waiting for the writer holding the file's lock.
-    path = tmp_path / "ledger.sqlite"
-    ledger = Ledger(path)
-    ledger.create_run(run_id="r", workflow="wf", code_version="v1", definition=None)
-    token = ledger.acquire_run_lease(run_id="r", holder="E1", ttl=30.0).token
+    path, ledger, token = ledger_with_a_run(tmp_path)
     with pytest.raises(rf.StaleRunTokenError) as refused:
         ledger.journal_step(run_id="r", fencing_token=token - 1, label="a", output=b"1", tokens=0)
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
