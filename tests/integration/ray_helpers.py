@@ -12,19 +12,35 @@ import ray
 
 
 def kill_actor(name: str, namespace: str) -> None:
-    """``ray.kill`` a named actor for good and wait until Ray no longer knows it.
+    """``ray.kill`` a named actor for good and wait until Ray no longer knows it and its process is gone.
 
     ``ray.kill`` returns before the actor is gone; a call sent right after it may still
-    be served by the dying actor, which would make "served by another host" flaky.
+    be served by the dying actor, which would make "served by another host" flaky. Ray
+    forgets the name before the process exits, and a caller holding the actor's handle
+    could still reach it then (CI: the dying host served and committed the next call
+    of a test, whose reply was lost, and the call without an idempotency key ran again
+    on the survivor), so this also waits for the process (actors run on this machine).
     """
-    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    handle = ray.get_actor(name, namespace=namespace)
+    pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    ray.kill(handle, no_restart=True)
     for _ in range(400):
         try:
             ray.get_actor(name, namespace=namespace)
         except ValueError:
-            return
+            if not _running(pid):
+                return
         time.sleep(0.025)
-    raise AssertionError(f"actor {name} did not die within 10 s")
+    raise AssertionError(f"actor {name} (process {pid}) did not die within 10 s")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def kill_processes_under(temp_dir: Path) -> None:
