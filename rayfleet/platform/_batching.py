@@ -43,6 +43,9 @@ BATCH_STALL = 0.025
 HELD_FOR = 60.0
 """Seconds a host keeps the reply of a batch's straggler that nobody collected (the caller went away)."""
 
+_UNSERIALIZABLE = (TypeError, ValueError, AttributeError, pickle.PicklingError)
+"""What Ray raises at submission when a call's arguments cannot be serialized."""
+
 Answered = list[tuple[int, Reply | None, str | None]]
 """A host's answer to a batch: ``(index, reply, None)`` per finished turn in finishing order, then
 ``(index, None, token)`` per turn still running (fetch it with ``collect(token)``)."""
@@ -96,14 +99,13 @@ class Batcher:
         envelopes = [request.envelope.wire() for request in batch.requests]
         try:
             pending = batch.handle.serve_batch.remote(envelopes, key[2])
-        except (TypeError, ValueError, AttributeError, pickle.PicklingError):
+        except _UNSERIALIZABLE:
             # Some envelope cannot be serialized: alone, each gets its own answer (and only it the error).
             for request, reply in zip(batch.requests, batch.replies, strict=True):
                 _send_alone(batch.handle, request, reply)
             return
         except Exception as error:  # noqa: BLE001 - each caller's route judges it, as if its own call had met it
-            for reply in batch.replies:
-                _fail(reply, error)
+            _fail_all(batch.replies, error)
             return
         answered = asyncio.wrap_future(pending.future())
         answered.add_done_callback(lambda done: _settle(batch, done))
@@ -116,7 +118,7 @@ def submit(
     """Send one request alone; arguments Ray cannot serialize are the caller's error, said plainly."""
     try:
         return request(handle)
-    except (TypeError, ValueError, AttributeError, pickle.PicklingError) as error:
+    except _UNSERIALIZABLE as error:
         raise InvalidArgumentsError(
             identity=identity, method=method, detail=f"they cannot be serialized to send to a host ({error})"
         ) from None
@@ -138,8 +140,7 @@ def _settle(batch: _Open, answered: asyncio.Future[Answered]) -> None:
         return
     error = answered.exception()
     if error is not None:
-        for reply in batch.replies:
-            _fail(reply, error)
+        _fail_all(batch.replies, error)
         return
     for index, value, token in answered.result():
         reply = batch.replies[index]
@@ -167,6 +168,11 @@ def _chain(source: asyncio.Future[Any], reply: asyncio.Future[Reply]) -> None:
 def _fail(reply: asyncio.Future[Reply], error: BaseException) -> None:
     if not reply.done():
         reply.set_exception(error)
+
+
+def _fail_all(replies: list[asyncio.Future[Reply]], error: BaseException) -> None:
+    for reply in replies:
+        _fail(reply, error)
 
 
 class BatchServer:
