@@ -24,7 +24,7 @@ import pydantic
 from ..errors import LedgerUnavailableError, RayfleetError
 from ..identity._values import SnapshotPointer
 from ..ledger._contract import LedgerClient
-from ..ledger._ledger import CheckpointCommit
+from ..ledger._values import CheckpointCommit, StepEntry, StepJournaled
 from ._store import SnapshotRow, SnapshotStore
 
 INLINE_STATE_BYTES = 16 * 1024
@@ -53,10 +53,20 @@ class Checkpoint:
     extra: bytes = b""
     dedup: tuple[tuple[str, bytes], ...] = ()
     dedup_capacity: int = 10_000
+    step: StepEntry | None = None
+    """A workflow step's output to journal in the same ledger transaction (see ``CheckpointCommit.step``)."""
 
 
-Outcome = SnapshotPointer | Exception
-"""What one checkpoint came to: its committed pointer, or the error :meth:`GroupCommitter.commit` raises for it."""
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A checkpoint the ledger accepted: its pointer, and what became of the step it carried (if any)."""
+
+    pointer: SnapshotPointer
+    step: StepJournaled | None = None
+
+
+Outcome = Committed | Exception
+"""What one checkpoint came to: :class:`Committed`, or the error :meth:`GroupCommitter.commit` raises for it."""
 
 _UNSETTLED: Any = object()
 
@@ -161,7 +171,7 @@ class GroupCommitter:
         )])
         if isinstance(outcome, Exception):
             raise outcome
-        return outcome
+        return outcome.pointer
 
     async def commit_many(self, checkpoints: Sequence[Checkpoint]) -> list[Outcome]:
         """Queue many checkpoints and wait until each is committed or refused.
@@ -219,6 +229,7 @@ class GroupCommitter:
                 commits.append(CheckpointCommit(
                     identity=checkpoint.identity, fencing_token=checkpoint.fencing_token, version=checkpoint.version,
                     pointer=pointer, dedup=checkpoint.dedup, dedup_capacity=checkpoint.dedup_capacity,
+                    step=checkpoint.step,
                 ))
             written.extend(items)
         if not commits:
@@ -246,7 +257,7 @@ class GroupCommitter:
                 item.settle(outcome)
             else:
                 self.checkpoints += 1
-                item.settle(commit.pointer)
+                item.settle(Committed(commit.pointer, outcome))
 
     def _inline(self, batch: pa.RecordBatch, versions: list[int]) -> list[SnapshotPointer | None]:
         """Per row of ``batch`` (at ``versions``): its inline pointer, or ``None`` when that row goes to a file."""

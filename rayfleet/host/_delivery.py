@@ -16,7 +16,11 @@ Every message meets the same gates, in this order:
    errors; each failed attempt leaves State as it was before the attempt;
 9. the commit, at once for ``EVERY_TURN`` durability, later for the others;
    under ``EVERY_TURN`` a key's reply is remembered only once its commit landed,
-   so a turn whose commit failed is never answered as a duplicate;
+   so a turn whose commit failed is never answered as a duplicate. A workflow
+   step's message (``Envelope.journal``) to an ``EVERY_TURN`` agent has its reply
+   journaled as the step's output in that same commit, while the run's token is
+   current: the step costs one durable write, and the engine journals it only when
+   told nothing was (another durability, a duplicate, a large output, a stale token);
 10. the reply.
 
 A message refused for its arguments, a stale fence or a passed deadline, or whose
@@ -51,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from ..checkpoints._step_outputs import SPILL_THRESHOLD, encode_output
 from ..errors import (
     DeadlineExceededError,
     HandlerError,
@@ -66,6 +71,7 @@ from ..errors import (
 from ..identity._agent import run_handler
 from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
+from ..ledger._values import StepEntry, StepJournaled
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
@@ -145,6 +151,25 @@ async def _run_stoppable(entry: HostedAgent, info: HandlerInfo, bound: dict[str,
     if task.cancelled() and entry.dropped:
         raise _StoppedForLostLease
     return task.result()
+
+
+def _step_entry(journal: tuple[str, str, int], value: Any, usage: Usage) -> StepEntry | None:
+    """The step output to journal with a turn's checkpoint, or ``None`` to leave the journaling to the engine.
+
+    Encoded as the engine's journal encodes it, so a resumed run reads it back the same.
+    An output too large for a ledger row (the engine writes it to a file first) or one
+    that cannot be encoded is left to the engine, which reports the problem as a step failure.
+    """
+    run_id, label, run_token = journal
+    try:
+        output = encode_output(value)
+    except Exception as error:  # noqa: BLE001 - the engine encodes it again and reports why it cannot
+        log.debug("the output of step %r of run %r is left to the engine: %s", label, run_id, error)
+        return None
+    if len(output) > SPILL_THRESHOLD:
+        return None
+    return StepEntry(run_id=run_id, run_token=run_token, label=label, output=output,
+                     tokens=max(0, usage.total_tokens))
 
 
 class Delivery:
@@ -312,11 +337,14 @@ class Delivery:
                 # Answered before it is durable: the key is exactly as durable as the
                 # State it guards, and both are committed together later.
                 entry.dedup.insert(key, reply)
+        step: StepJournaled | None = None
         if entry.dirty and every_turn:
+            if key is not None and envelope.journal is not None:
+                entry.pending_step = _step_entry(envelope.journal, value, usage)
             # The commit puts the key in the dedup window once it is durable; a failed
             # commit leaves no remembered reply for a turn that never happened.
-            await self._activations.commit(entry)
-        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
+            step = await self._activations.commit(entry)
+        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
 
     async def _check_fence(self, entry: HostedAgent, envelope: Envelope) -> None:
         """Refuse (and dead-letter) a conversation fence below the high-water mark; an equal one passes."""

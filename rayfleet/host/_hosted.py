@@ -17,6 +17,7 @@ from typing import Any
 from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
+from ..ledger._values import StepEntry, StepJournaled
 from ._messages import DedupWindow, FenceMap
 
 
@@ -42,6 +43,9 @@ class TurnResult:
     checkpoint_version: int
     duplicate: bool = False
     """True when this is the remembered reply of an earlier turn with the same idempotency key."""
+    step: StepJournaled | None = None
+    """What became of the workflow step the message asked to journal with the turn's commit
+    (``Envelope.journal``); ``None`` when nothing was journaled (see ``Delivery``)."""
 
 
 @dataclass(slots=True)
@@ -68,6 +72,8 @@ class HostedAgent:
 
     Under ``EVERY_TURN`` a key joins ``dedup`` only once that commit succeeded; under
     the other durabilities it is in ``dedup`` at once, as unsaved as the State it guards."""
+    pending_step: StepEntry | None = None
+    """A workflow step's output to journal with the next commit (an ``EVERY_TURN`` turn's, so one at most)."""
     fences: FenceMap = field(default_factory=FenceMap)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""

@@ -70,6 +70,9 @@ class Envelope:
     A peer send appends its sender; a send to an identity already in the chain is refused
     (:class:`~rayfleet.errors.PeerCycleError`), since that agent's turn cannot end before it.
     """
+    journal: tuple[str, str, int] | None = None
+    """``(run_id, step label, run token)`` of a workflow step: journal the reply as that step's
+    output in the transaction of the turn's checkpoint (``EVERY_TURN`` agents only; see ``Delivery``)."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -100,7 +103,7 @@ class Envelope:
     def wire(self) -> EnvelopeWire:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
         return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
-                self.conversation, self.fence, self.message_id, self.sent_at, self.chain)
+                self.conversation, self.fence, self.message_id, self.sent_at, self.chain, self.journal)
 
     @classmethod
     def from_wire(cls, wire: object) -> Envelope:
@@ -156,6 +159,12 @@ def _envelope_problem(envelope: Envelope) -> str:
     if envelope.fence is not None and (isinstance(envelope.fence, bool) or not isinstance(envelope.fence, int)
                                        or envelope.fence < 0):
         return f"fence must be a non-negative integer or None, got {envelope.fence!r}"
+    journal = envelope.journal
+    if journal is not None and not (
+        isinstance(journal, tuple) and len(journal) == 3 and all(isinstance(part, str) and part for part in journal[:2])
+        and isinstance(journal[2], int) and not isinstance(journal[2], bool)
+    ):
+        return f"journal must be (run_id, step label, run token) or None, got {journal!r}"
     if (envelope.fence is None) != (envelope.conversation is None) and envelope.fence is not None:
         return "a fence needs a conversation: pass conversation= with fence="
     return ""

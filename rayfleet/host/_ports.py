@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ..identity._values import EventKind
+    from ..ledger._values import StepJournaled
     from ._hosted import HostedAgent
 
 T = TypeVar("T")
@@ -165,8 +166,10 @@ class ActivationPort(Protocol):
         """
         ...
 
-    async def commit(self, entry: HostedAgent) -> int:
-        """Checkpoint ``entry`` now (the caller holds its turn lock); returns the new version.
+    async def commit(self, entry: HostedAgent) -> StepJournaled | None:
+        """Checkpoint ``entry`` now (the caller holds its turn lock), with its ``pending_step`` if any.
+
+        Returns what became of that step (``None``: none was carried, or its run token was stale).
 
         Raises ``LeaseLostError`` (and the entry is dropped) when the ledger refuses the
         write, and ``LedgerUnavailableError`` or a storage error when it did not land;

@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
-from ..checkpoints._committer import INLINE_STATE_BYTES, Checkpoint, GroupCommitter, Outcome
+from ..checkpoints._committer import INLINE_STATE_BYTES, Checkpoint, Committed, GroupCommitter, Outcome
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
     HandlerError,
@@ -126,6 +126,7 @@ from ..identity._values import (
 )
 from ..ledger._contract import LedgerClient
 from ..ledger._ledger import Activation, IdentityView
+from ..ledger._values import StepJournaled
 from ..retry import RetryPolicy
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
@@ -268,7 +269,8 @@ class _AgentContext:
 
     async def checkpoint(self) -> int:
         # Called from inside a turn, which already holds the turn lock.
-        return await self._runtime._commit(self._entry)
+        await self._runtime._commit(self._entry)
+        return self._entry.checkpoint_version
 
 
 class _RuntimeActivations:
@@ -288,7 +290,7 @@ class _RuntimeActivations:
     async def ensure_healthy_lease(self, entry: HostedAgent) -> None:
         await self._runtime._ensure_healthy_lease(entry)
 
-    async def commit(self, entry: HostedAgent) -> int:
+    async def commit(self, entry: HostedAgent) -> StepJournaled | None:
         """The commit of a turn before its reply: if it fails, the turn must not have happened.
 
         The agent is taken out of service (lease released), so its next message activates
@@ -543,8 +545,13 @@ class HostRuntime:
             await self._drop(entry, reason=str(refusal))
         return LeaseLostError(identity=entry.spec.identity, detail=f"{what} refused: {refusal.message}")
 
-    async def _commit(self, entry: HostedAgent) -> int:
-        """Checkpoint ``entry`` now (caller holds its turn lock); returns the new version.
+    async def _commit(self, entry: HostedAgent) -> StepJournaled | None:
+        """Checkpoint ``entry`` now (caller holds its turn lock); ``entry.checkpoint_version`` is the new version.
+
+        A ``pending_step`` of the entry travels with the checkpoint (and is gone
+        afterwards, whatever the outcome); the return says what became of it: ``None``
+        when there was none, its run token was stale, or the commit's outcome was
+        found only by reading the ledger (then the engine journals the step itself).
 
         The idempotency keys of the turns it covers are committed with it and are in
         the entry's dedup window once it succeeds. A failed commit leaves the entry
@@ -595,14 +602,17 @@ class HostRuntime:
         window, or back, by the outcome.
         """
         keys, entry.pending_dedup = entry.pending_dedup, []
+        step, entry.pending_step = entry.pending_step, None
         return Checkpoint(
             identity=entry.spec.identity, fencing_token=entry.grant.fencing_token,
             version=entry.checkpoint_version + 1, state=entry.agent.state, extra=_encode_extra(entry),
-            dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity,
+            dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity, step=step,
         )
 
-    async def _settle_commit(self, entry: HostedAgent, checkpoint: Checkpoint, outcome: Outcome) -> int:
-        """Bring ``entry`` in line with what its commit came to (see :meth:`_commit`); returns the version."""
+    async def _settle_commit(
+        self, entry: HostedAgent, checkpoint: Checkpoint, outcome: Outcome
+    ) -> StepJournaled | None:
+        """Bring ``entry`` in line with what its commit came to (see :meth:`_commit`); returns its step's outcome."""
         version, keys = checkpoint.version, list(checkpoint.dedup)
         if isinstance(outcome, _REFUSALS):
             raise await self._refused(entry, "checkpoint", outcome) from outcome
@@ -632,7 +642,7 @@ class HostRuntime:
         for key, reply in keys:
             entry.dedup.insert(key, reply)
         self._emit(entry.spec.identity, EventKind.CHECKPOINT_COMPLETED, checkpoint_version=version)
-        return version
+        return outcome.step if isinstance(outcome, Committed) else None
 
     async def _landed(self, entry: HostedAgent, version: int) -> bool:
         """Whether the ledger holds checkpoint ``version`` of ``entry`` written under its token."""

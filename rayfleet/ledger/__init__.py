@@ -19,7 +19,6 @@ from ..identity._values import SnapshotPointer as SnapshotPointer
 from ._contract import LedgerCall as LedgerCall
 from ._contract import LedgerClient as LedgerClient
 from ._location import LedgerLocation as LedgerLocation
-from ._run_rules import RunRequests as RunRequests
 from ._values import Activation as Activation
 from ._values import CheckpointCommit as CheckpointCommit
 from ._values import CheckpointRow as CheckpointRow
@@ -31,7 +30,10 @@ from ._values import LeaseView as LeaseView
 from ._values import RegisterOutcome as RegisterOutcome
 from ._values import RunLease as RunLease
 from ._values import RunRecord as RunRecord
+from ._values import RunRequests as RunRequests
 from ._values import SpecRecord as SpecRecord
+from ._values import StepEntry as StepEntry
+from ._values import StepJournaled as StepJournaled
 from ._values import StoredMessage as StoredMessage
 from ._values import TopologyChange as TopologyChange
 from ._values import TopologySnapshot as TopologySnapshot
@@ -44,6 +46,7 @@ __all__ = [
     # What operations take
     "CheckpointCommit",
     "SpecRecord",
+    "StepEntry",
     "TopologyChange",
     # What operations return
     "Activation",
@@ -60,6 +63,7 @@ __all__ = [
     "RunRecord",
     "RunRequests",
     "SnapshotPointer",
+    "StepJournaled",
     "StoredMessage",
     "TopologySnapshot",
 ]

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
 from ..identity._values import SnapshotPointer
-from . import _leases
+from . import _leases, _runs
 from ._store import Transaction
-from ._values import CheckpointCommit, CheckpointRow
+from ._values import CheckpointCommit, CheckpointRow, CommitOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,25 +26,35 @@ class StoreClock:
     sql: str
 
 
-def commit(
-    tx: Transaction, commits: Iterable[CheckpointCommit], now: float | StoreClock
-) -> list[RayfleetError | None]:
+def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | StoreClock) -> list[CommitOutcome]:
     """Move every pointer that passes its checks; one outcome per commit, in order.
 
     ``now`` stamps ``committed_at``: a time already read, or the store's clock, read by
     the update itself (on PostgreSQL a round trip less than reading it first).
     The common case, every commit passes, costs one batched conditional update and no
     reads (:func:`_all_pass`). Otherwise that update is undone and the batch is judged
-    by the rules (:func:`_judged`).
+    by the rules (:func:`_judged`). A commit that passes and carries a workflow step
+    journals it in this transaction if the step's run token is current, and its
+    outcome is then a :class:`StepJournaled` (see :func:`_runs.journal_with_checkpoint`).
     """
     batch = list(commits)
     move = _Move(now)
+    # Read first, so on a pipelining store the reads travel with the update.
+    standings = {index: _runs.read_step_standing(tx, item.step)
+                 for index, item in enumerate(batch) if item.step is not None}
+    outcomes: list[CommitOutcome]
     if _all_pass(tx, batch, move):
         for item in batch:
             if item.dedup:
                 _remember_keys(tx, item.identity, item.dedup, item.dedup_capacity)
-        return [None] * len(batch)
-    return _judged(tx, batch, move)
+        outcomes = [None] * len(batch)
+    else:
+        outcomes = list(_judged(tx, batch, move))
+    for index, standing in standings.items():
+        step = batch[index].step
+        if outcomes[index] is None and step is not None:
+            outcomes[index] = _runs.journal_with_checkpoint(tx, step, standing)
+    return outcomes
 
 
 class _Move:

@@ -23,12 +23,12 @@ from ..identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
-from ._run_rules import RunRequests
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
     CheckpointRow,
+    CommitOutcome,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -36,6 +36,7 @@ from ._values import (
     RegisterOutcome,
     RunLease,
     RunRecord,
+    RunRequests,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -142,7 +143,7 @@ class LedgerClient(Protocol):
         ...
 
     # -- checkpoints
-    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[CommitOutcome]]:
         """Move snapshot pointers (fenced, versions strictly increasing); one refusal or ``None`` per commit."""
         ...
 

@@ -33,7 +33,6 @@ from . import (
     _runs,
     _views,
 )
-from ._run_rules import RunRequests
 from ._sqlite import SqliteDatabase
 from ._store import Database, Transaction
 from ._values import (
@@ -41,6 +40,7 @@ from ._values import (
     Activation,
     CheckpointCommit,
     CheckpointRow,
+    CommitOutcome,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -48,6 +48,7 @@ from ._values import (
     RegisterOutcome,
     RunLease,
     RunRecord,
+    RunRequests,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -267,7 +268,7 @@ class Ledger:
 
     # -- checkpoints --------------------------------------------------------------------
 
-    def commit_checkpoints(self, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None]:
+    def commit_checkpoints(self, commits: Iterable[CheckpointCommit]) -> list[CommitOutcome]:
         """Move many snapshot pointers in one transaction; each is checked on its own.
 
         Returns one entry per commit, ``None`` when accepted, else the refusal
@@ -277,7 +278,7 @@ class Ledger:
         batch = list(commits)
         return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
 
-    def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[RayfleetError | None] | None:
+    def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[CommitOutcome] | None:
         """:meth:`commit_checkpoints` if the store can take it without waiting; ``None`` (nothing written) if not.
 
         Only a SQLite store can tell at once; any other store answers ``None``.

@@ -25,12 +25,12 @@ from ..identity._values import (
 )
 from ._contract import LedgerCall
 from ._ledger import Ledger
-from ._run_rules import RunRequests
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
     CheckpointRow,
+    CommitOutcome,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -38,6 +38,7 @@ from ._values import (
     RegisterOutcome,
     RunLease,
     RunRecord,
+    RunRequests,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -199,7 +200,7 @@ class LocalLedgerClient:
     def high_water(self, identity: str) -> LedgerCall[int]:
         return self._run(self.ledger.high_water, identity)
 
-    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[CommitOutcome]]:
         if len(commits) <= self._small_commits:
             done = self._written_now("commit_checkpoints", lambda: self.ledger.commit_checkpoints_now(commits))
             if done is not None:

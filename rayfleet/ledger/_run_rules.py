@@ -17,19 +17,6 @@ DEFAULT_RUN_LEASE_TTL = DEFAULT_LEASE_TTL
 
 
 @dataclass(frozen=True, slots=True)
-class RunRequests:
-    """What has been asked of a run, as its engine acts on it.
-
-    Attributes:
-        cancel: stop: no new step starts; what succeeded is compensated.
-        pause: no new step starts until the request is withdrawn; steps in flight finish.
-    """
-
-    cancel: bool = False
-    pause: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Holding:
     """What a store holds for one run or step lease: who, under which token, until when."""
 

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 
 from ..errors import InvalidSpecError
 from . import _leases
-from ._run_rules import Holding, RunRequests, fence_refusal, grant_refusal, renew_refusal
-from ._store import Row, Transaction
-from ._values import JournalEntry, JournalRecord, RunLease, RunRecord
+from ._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
+from ._store import Cursor, Row, Transaction
+from ._values import JournalEntry, JournalRecord, RunLease, RunRecord, RunRequests, StepEntry, StepJournaled
 
 ENDED = ("COMPLETED", "COMPENSATED", "FAILED", "CANCELLED")
 _RUN_COLUMNS = ("runs.run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
@@ -130,14 +130,51 @@ def journal_step(
     # read: the requests travel with the fence check, the insert with the commit.
     asked = tx.execute("SELECT cancel_requested, pause_requested FROM runs WHERE run_id = ?", (run_id,))
     check_fence(tx, run_id, fencing_token)
+    _insert_step(tx, run_id=run_id, label=label, output=output, tokens=tokens)
+    row = asked.fetchone()
+    return RunRequests() if row is None else RunRequests(cancel=bool(row[0]), pause=bool(row[1]))
+
+
+def _insert_step(tx: Transaction, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
+    # A step is journaled once: a repeated label keeps the first output.
     # ("WHERE true" lets SQLite tell the upsert clause from a join constraint.)
     tx.execute(
         "INSERT INTO journal (run_id, label, output, tokens, seq) "
         "SELECT ?, ?, ?, ?, COALESCE(MAX(seq), 0) + 1 FROM journal WHERE run_id = ? AND true ON CONFLICT DO NOTHING",
         (run_id, label, output, tokens, run_id),
     )
-    row = asked.fetchone()
-    return RunRequests() if row is None else RunRequests(cancel=bool(row[0]), pause=bool(row[1]))
+
+
+def read_step_standing(tx: Transaction, entry: StepEntry) -> Cursor:
+    """Queue the read that :func:`journal_with_checkpoint` judges ``entry`` by.
+
+    Queued before the checkpoint's own statements, so on a pipelining store it travels
+    with them and costs no round trip of its own.
+    """
+    return tx.execute(
+        "SELECT run_owners.token, runs.cancel_requested, runs.pause_requested, "
+        "EXISTS (SELECT 1 FROM journal WHERE journal.run_id = run_owners.run_id AND journal.label = ?) "
+        "FROM run_owners LEFT JOIN runs ON runs.run_id = run_owners.run_id WHERE run_owners.run_id = ?",
+        (entry.label, entry.run_id),
+    )
+
+
+def journal_with_checkpoint(tx: Transaction, entry: StepEntry, standing: Cursor) -> StepJournaled | None:
+    """Journal ``entry`` in the transaction of the checkpoint that carried it; ``None`` if its token is stale.
+
+    ``standing`` is :func:`read_step_standing`'s read in this transaction. A stale (or
+    unknown) run token journals nothing and refuses nothing: the checkpoint stands on
+    its own, and the engine, told nothing was journaled, journals the step itself,
+    where the stale token is refused. A step journaled before keeps its output.
+    """
+    row = standing.fetchone()
+    if row is None or fence_refusal(run_id=entry.run_id, high_water=int(row[0]), presented=entry.run_token):
+        return None
+    requests = RunRequests(cancel=bool(row[1]), pause=bool(row[2]))
+    if row[3]:
+        return StepJournaled(inserted=False, requests=requests)
+    _insert_step(tx, run_id=entry.run_id, label=entry.label, output=entry.output, tokens=entry.tokens)
+    return StepJournaled(inserted=True, requests=requests)
 
 
 def journal_compensation(

@@ -8,7 +8,9 @@ travel as pickled ``bytes``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
+from ..errors import RayfleetError
 from ..identity._values import (
     DEFAULT_DEDUP_CAPACITY,
     ContinuityRecord,
@@ -88,13 +90,58 @@ class Activation:
     """The identity's remembered idempotency keys and replies, oldest first."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunRequests:
+    """What has been asked of a run, as its engine acts on it.
+
+    Attributes:
+        cancel: stop: no new step starts; what succeeded is compensated.
+        pause: no new step starts until the request is withdrawn; steps in flight finish.
+    """
+
+    cancel: bool = False
+    pause: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEntry:
+    """A workflow step's output, journaled in the transaction of the checkpoint that carries it.
+
+    Journaled only while ``run_token`` is the run's current token and the step is not
+    journaled yet; either way the checkpoint itself commits by its own rules.
+    """
+
+    run_id: str
+    run_token: int
+    label: str
+    output: bytes
+    """As ``rayfleet.checkpoints._step_outputs.encode_output`` encodes it."""
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepJournaled:
+    """The outcome of a committed checkpoint that carried a :class:`StepEntry` under the run's current token.
+
+    Attributes:
+        inserted: this output is the journaled one; ``False``: the step was journaled
+            before (by an earlier attempt), and that output stays.
+        requests: what is asked of the run, as of the transaction.
+    """
+
+    inserted: bool
+    requests: RunRequests
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointCommit:
     """One pointer to commit: identity, the writer's token, the new version and row.
 
     ``dedup`` carries the idempotency keys (and pickled replies) of the turns this
     checkpoint covers, committed in the same transaction as the pointer, so a key is
-    remembered exactly when the effect it guards is durable.
+    remembered exactly when the effect it guards is durable. ``step``, when set, is a
+    workflow step's output journaled in that same transaction (see :class:`StepEntry`):
+    the step is durable exactly when the turn that produced it is.
     """
 
     identity: str
@@ -103,6 +150,12 @@ class CheckpointCommit:
     pointer: SnapshotPointer
     dedup: tuple[tuple[str, bytes], ...] = ()
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
+    step: StepEntry | None = None
+
+
+CommitOutcome: TypeAlias = RayfleetError | StepJournaled | None
+"""One checkpoint's outcome in a commit: its refusal, ``None`` (committed), or :class:`StepJournaled`
+(committed, and the step it carried was judged under the run's current token)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

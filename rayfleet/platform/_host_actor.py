@@ -356,14 +356,15 @@ class AgentHost:
         return await self._serve(turn)
 
     async def dispatch(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
-        """Like :meth:`deliver`, but the reply carries the turn's usage: ``(value, Usage)``."""
+        """Like :meth:`deliver`, but the reply carries the turn's usage and what became of the workflow step
+        it was asked to journal: ``(value, Usage, StepJournaled | None)``."""
         received = _received(identity, envelope)
         if isinstance(received, InvalidSpecError):
             return ERROR, received
 
         async def turn() -> Any:
             result = await _deliver_as_turn(self.runtime, received)
-            return result.value, result.usage
+            return result.value, result.usage, result.step
 
         return await self._serve(turn)
 

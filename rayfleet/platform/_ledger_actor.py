@@ -25,12 +25,12 @@ from ..identity._values import (
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
 from ..ledger._local import LocalLedgerClient
-from ..ledger._run_rules import RunRequests
 from ..ledger._values import (
     DEFAULT_LEASE_TTL,
     Activation,
     CheckpointCommit,
     CheckpointRow,
+    CommitOutcome,
     HostInfo,
     IdentityView,
     JournalRecord,
@@ -38,6 +38,7 @@ from ..ledger._values import (
     RegisterOutcome,
     RunLease,
     RunRecord,
+    RunRequests,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -405,7 +406,7 @@ class RayLedgerClient:
     def high_water(self, identity: str) -> LedgerCall[int]:
         return _RayCall(self.actor.high_water.remote(identity))
 
-    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[RayfleetError | None]]:
+    def commit_checkpoints(self, commits: Sequence[CheckpointCommit]) -> LedgerCall[list[CommitOutcome]]:
         return _RayCall(self.actor.commit_checkpoints.remote(list(commits)))
 
     def latest_checkpoints(

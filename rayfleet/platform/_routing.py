@@ -678,7 +678,8 @@ def deliver_request(envelope: Envelope) -> EnvelopeRequest:
 
 
 def dispatch_request(envelope: Envelope) -> EnvelopeRequest:
-    """Run one turn on the owner; its reply is ``(value, Usage)``, for workflow budgets. Batched on the async path."""
+    """Run one turn on the owner; its reply is ``(value, Usage, StepJournaled | None)``, for workflow budgets
+    and steps journaled with the turn (``Envelope.journal``). Batched on the async path."""
     return EnvelopeRequest(envelope, with_usage=True)
 
 

@@ -9,6 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -29,7 +30,8 @@ from ..errors import (
     is_retryable,
 )
 from ..identity._handlers import Reply, Usage
-from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL, RunRequests
+from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
+from ..ledger._values import RunRequests, StepJournaled
 from ..retry import RetryPolicy, retry_async
 from ._definition import (
     MAX_REASSIGNMENTS,
@@ -64,6 +66,24 @@ STEP_LEASE_POLL = 0.05
 """Least wait before asking again for an exclusive step's lease that another holder still has."""
 
 
+@dataclass(frozen=True, slots=True)
+class JournalWith:
+    """Asks a dispatch's turn to journal its reply as step ``label`` of ``run_id``, fenced by run token ``token``."""
+
+    run_id: str
+    label: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepReply:
+    """A dispatch's reply, and what became of the step it was asked to journal (``None``: nothing was journaled)."""
+
+    value: Any
+    usage: Usage
+    journaled: StepJournaled | None = None
+
+
 @runtime_checkable
 class Dispatcher(Protocol):
     """How the engine reaches agents (the fleet in production, a fake in tests)."""
@@ -78,10 +98,15 @@ class Dispatcher(Protocol):
         timeout: float,
         conversation: str | None = None,
         fence: int | None = None,
-    ) -> tuple[Any, Usage]:
-        """Call ``method`` on ``target``; return ``(output, usage)``.
+        journal: JournalWith | None = None,
+    ) -> tuple[Any, Usage] | StepReply:
+        """Call ``method`` on ``target``; return ``(output, usage)`` or a :class:`StepReply`.
 
         A repeated ``idempotency_key`` must return the first reply without re-running.
+        ``journal`` may be honoured by journaling the output with the turn's own durable
+        write, under the run token it names, and saying so in ``StepReply.journaled``;
+        a dispatcher that journals nothing returns ``journaled=None`` (or a tuple), and
+        the engine journals the step itself.
 
         Raises:
             TimeoutError: (or ``DeadlineExceededError``) when ``timeout`` passes.
@@ -154,15 +179,17 @@ def _as_failure(label: str, error: BaseException) -> RayfleetError:
     return failure
 
 
-def _unpack_reply(result: Any) -> tuple[Any, int]:
-    # Dispatchers return (output, Usage); a Reply or a bare (output, None) is accepted too.
+def _unpack_reply(result: Any) -> tuple[Any, int, StepJournaled | None]:
+    # Dispatchers return (output, Usage) or a StepReply; a Reply or a bare (output, None) is accepted too.
+    if isinstance(result, StepReply):
+        return result.value, max(0, result.usage.total_tokens), result.journaled
     if isinstance(result, Reply):
-        return result.value, result.usage.total_tokens
+        return result.value, result.usage.total_tokens, None
     if isinstance(result, tuple) and len(result) == 2:
         output, usage = result
         tokens = usage.total_tokens if isinstance(usage, Usage) else int(usage or 0)
-        return output, max(0, tokens)
-    raise TypeError(f"dispatcher.call must return (output, Usage), got {type(result).__name__}")
+        return output, max(0, tokens), None
+    raise TypeError(f"dispatcher.call must return (output, Usage) or a StepReply, got {type(result).__name__}")
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -483,9 +510,28 @@ class WorkflowEngine:
         # Post-dispatch check: the step is already journaled, so a breach compensates it too.
         self._meter.check()
 
-    async def _finalize(self, step: Step, output: Any, tokens: int, served: tuple[str, ...]) -> None:
-        """Charge tokens, verify, then journal the output; dependents may start afterwards."""
+    def _journal_with(self, step: Step) -> JournalWith | None:
+        """What a directed step's dispatch asks its turn to journal, when the output needs no verdict first."""
+        if step.verifier is not None or step.scatter is not None:
+            return None  # journaled only once verified; a scatter's output is the gathered whole
+        return JournalWith(run_id=self.run_id, label=step.label, token=self._token)
+
+    async def _finalize(
+        self, step: Step, output: Any, tokens: int, served: tuple[str, ...], journaled: StepJournaled | None = None,
+    ) -> None:
+        """Charge tokens, verify, then journal the output; dependents may start afterwards.
+
+        ``journaled``: the dispatch's turn journaled the step already (under this
+        engine's token), so only what it answered is taken: the requests, and, when an
+        earlier attempt's output was journaled first, that output, which is the step's.
+        """
         self._meter.charge_tokens(tokens)  # spent whether or not the output passes verification
+        if journaled is not None:
+            if not journaled.inserted:
+                output = await self._journaled_output(step.label, output)
+            self._requests = journaled.requests
+            self._complete(step, output, served)
+            return
         if step.verifier is not None:
             try:
                 verdict = await _maybe_await(step.verifier(output))
@@ -510,10 +556,21 @@ class WorkflowEngine:
                 detail=f"journaling its output failed ({_describe(error)}); check the journal, then rerun "
                 f"with the same run_id to resume",
             ) from error
+        self._complete(step, output, served)
+
+    def _complete(self, step: Step, output: Any, served: tuple[str, ...]) -> None:
         self._outputs[step.label] = output
         self._completed.append(step.label)
         self._served_by[step.label] = served
         self._metrics.step(self.workflow.name, StepOutcome.COMPLETED)
+
+    async def _journaled_output(self, label: str, fallback: Any) -> Any:
+        """The output journaled for ``label`` (an earlier attempt's, journaled when it finished late)."""
+        state = await self._journal.load(self.run_id)
+        if label not in state.outputs:
+            raise InternalError(detail=f"step {label!r} of run {self.run_id!r} was reported journaled but is not")
+        logger.info("step %r of run %r: an earlier attempt's journaled output stands", label, self.run_id)
+        return state.outputs.get(label, fallback)
 
     async def _build_payload(self, step: Step, attempt: int) -> dict[str, Any]:
         payload = step.payload
@@ -547,8 +604,8 @@ class WorkflowEngine:
 
     async def _call(
         self, *, target: str, method: str, payload: dict[str, Any], key: str, timeout: float,
-        conversation: str | None = None, fence: int | None = None,
-    ) -> tuple[Any, int]:
+        conversation: str | None = None, fence: int | None = None, journal: JournalWith | None = None,
+    ) -> tuple[Any, int, StepJournaled | None]:
         deadline = time.monotonic() + timeout
         for resend in range(INFRASTRUCTURE_RETRY.max_attempts):
             remaining = timeout if resend == 0 else max(deadline - time.monotonic(), 0.0)
@@ -556,7 +613,7 @@ class WorkflowEngine:
                 result = await asyncio.wait_for(
                     self._dispatcher.call(
                         target=target, method=method, payload=payload, idempotency_key=key, timeout=remaining,
-                        conversation=conversation, fence=fence,
+                        conversation=conversation, fence=fence, journal=journal,
                     ),
                     remaining + TIMEOUT_GRACE,
                 )
@@ -577,11 +634,12 @@ class WorkflowEngine:
     async def _with_retries(
         self, step: Step, target: str, *, epoch: int, counter: list[int], timeout: float,
         retry_timeouts: bool, payload: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
+    ) -> tuple[Any, int, StepJournaled | None]:
         """Dispatch to ``target`` with the step's retry policy; raise the last error unchanged.
 
         ``counter`` numbers attempts across reassignments, so every dispatch of a step
-        has its own idempotency key and lease holder.
+        has its own idempotency key and lease holder. Returns ``(output, tokens,
+        journaled)`` (see :meth:`_finalize`).
         """
         policy = step.retry
         for retry_index in range(policy.max_attempts):
@@ -594,7 +652,7 @@ class WorkflowEngine:
                 if step.exclusive:
                     return await self._dispatch_exclusive(step, target, body, key, call_timeout, attempt)
                 return await self._call(target=target, method=step.call, payload=body, key=key,
-                                        timeout=call_timeout)
+                                        timeout=call_timeout, journal=self._journal_with(step))
             except (StepFailedError, BudgetExceededError, StaleRunTokenError):
                 raise
             except Exception as error:
@@ -614,18 +672,18 @@ class WorkflowEngine:
 
     async def _dispatch_exclusive(
         self, step: Step, target: str, payload: dict[str, Any], key: str, timeout: float, attempt: int,
-    ) -> tuple[Any, int]:
+    ) -> tuple[Any, int, StepJournaled | None]:
         """One dispatch under the step's fenced lease; verify and journal before releasing it."""
         holder = f"workflow:{self.run_id}:{step.label}:{attempt}"
         # The lease covers the dispatch (bounded by its timeout), then verification and journaling.
         fence = await self._step_lease(step, holder, ttl=timeout + TIMEOUT_GRACE + self._lease_ttl)
         try:
-            output, tokens = await self._call(
+            output, tokens, journaled = await self._call(
                 target=target, method=step.call, payload=payload, key=key, timeout=timeout,
-                conversation=f"{self.run_id}/{step.label}", fence=fence,
+                conversation=f"{self.run_id}/{step.label}", fence=fence, journal=self._journal_with(step),
             )
-            await self._finalize(step, output, tokens, (target,))
-            return output, tokens
+            await self._finalize(step, output, tokens, (target,), journaled)
+            return output, tokens, journaled
         finally:
             # Always released, on every path; a release error must not
             # mask the step's own result, and the lease lapses by TTL anyway.
@@ -685,7 +743,7 @@ class WorkflowEngine:
             target = await self._pick_target(step, timed_out, last_error)
             final_epoch = epoch == epochs - 1
             try:
-                output, tokens = await self._with_retries(
+                output, tokens, journaled = await self._with_retries(
                     step, target, epoch=epoch, counter=counter, timeout=step.timeout,
                     retry_timeouts=not reassign or final_epoch,
                 )
@@ -704,7 +762,7 @@ class WorkflowEngine:
                     f"fix the handler or add .retry(RetryPolicy(...)) for transient errors",
                 ) from error
             if not step.exclusive:
-                await self._finalize(step, output, tokens, (target,))
+                await self._finalize(step, output, tokens, (target,), journaled)
             return
 
     async def _scatter(self, step: Step) -> tuple[dict[str, Any], int, tuple[str, ...]]:
@@ -731,7 +789,7 @@ class WorkflowEngine:
         }
         # Done callbacks run in completion order, so replies are judged in the order they
         # arrived (FirstOf depends on it), not in the arbitrary order of a done set.
-        arrivals: asyncio.Queue[asyncio.Task[tuple[Any, int]]] = asyncio.Queue()
+        arrivals: asyncio.Queue[asyncio.Task[tuple[Any, int, StepJournaled | None]]] = asyncio.Queue()
         for task in tasks:
             task.add_done_callback(arrivals.put_nowait)
         successes: dict[str, tuple[Any, int]] = {}
@@ -744,7 +802,8 @@ class WorkflowEngine:
                 agent = tasks.pop(task)
                 error = task.exception()
                 if error is None:
-                    successes[agent] = task.result()
+                    output, tokens, _ = task.result()  # a scatter's agents journal nothing themselves
+                    successes[agent] = (output, tokens)
                 else:
                     failures[agent] = _describe(error)
                 decision = step.gather.decide(len(successes), len(failures), total)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..ledger._run_rules import Holding, RunRequests, fence_refusal, grant_refusal, renew_refusal
+from ..ledger._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
+from ..ledger._values import RunRequests, StepJournaled
 from ._definition import RunStatus, WorkflowOutcome
 
 
@@ -217,6 +218,26 @@ class InMemoryJournal:
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
         self._check(run_id, token).compensations.append((label, ok, error))
+
+    def journal_with_turn(
+        self, run_id: str, label: str, output: Any, tokens: int, *, token: int
+    ) -> StepJournaled | None:
+        """Journal a step as a host does in its agent's checkpoint transaction (not part of the protocol).
+
+        ``None`` (nothing journaled, nothing refused) when ``token`` is not the run's
+        current token; a step journaled before keeps its output (``inserted=False``).
+        """
+        record = self._run(run_id)
+        if fence_refusal(run_id=run_id, high_water=0 if record.lease is None else record.lease.token,
+                         presented=token) is not None:
+            return None
+        requests = RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
+        if label in record.outputs:
+            return StepJournaled(inserted=False, requests=requests)
+        record.completed.append(label)
+        record.outputs[label] = output
+        record.tokens[label] = tokens
+        return StepJournaled(inserted=True, requests=requests)
 
     async def status(self, run_id: str) -> tuple[RunStatus | None, bool, bool]:
         record = self._run(run_id)

@@ -23,9 +23,9 @@ from ray_helpers import kill_actor
 
 import rayfleet as rf
 from rayfleet.checkpoints._journal_files import JournalFileStore
+from rayfleet.checkpoints._step_outputs import SPILL_THRESHOLD
 from rayfleet.checkpoints._store import SnapshotStore
 from rayfleet.demo import Counter
-from rayfleet.platform._runner import SPILL_THRESHOLD
 
 WAIT = 60.0
 """Upper bound for anything the tests wait on; a healthy run finishes far sooner."""

@@ -10,10 +10,9 @@ from typing import Any
 import cloudpickle
 
 import rayfleet as rf
-from rayfleet.checkpoints._committer import Checkpoint, GroupCommitter
+from rayfleet.checkpoints._committer import Checkpoint, Committed, GroupCommitter
 from rayfleet.checkpoints._store import SnapshotStore
 from rayfleet.errors import StaleCheckpointVersionError, StaleFencingTokenError
-from rayfleet.identity._values import SnapshotPointer
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._values import Activation, SpecRecord
@@ -53,7 +52,8 @@ async def test_commit_many_answers_each_checkpoint_in_order_refusals_beside_succ
     finally:
         await committer.stop()
     assert len(outcomes) == 200 and isinstance(outcomes[7], StaleFencingTokenError)
-    assert all(isinstance(outcome, SnapshotPointer) for index, outcome in enumerate(outcomes) if index != 7)
+    assert all(isinstance(outcome, Committed) and outcome.step is None
+               for index, outcome in enumerate(outcomes) if index != 7)
     assert isinstance(again[0], StaleCheckpointVersionError)  # version 1 is committed already
     views = ledger.resolve(names)
     assert views["c/7"].continuity.checkpoint_version == 0

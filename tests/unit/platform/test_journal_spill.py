@@ -10,9 +10,10 @@ import pydantic
 import pytest
 
 from rayfleet.checkpoints._journal_files import JournalFileStore
+from rayfleet.checkpoints._step_outputs import SPILL_THRESHOLD, decode_output, encode_output, spill_output
 from rayfleet.errors import WorkflowError
 from rayfleet.ledger._local import LocalLedgerClient
-from rayfleet.platform._runner import SPILL_THRESHOLD, LedgerJournal, decode_output, encode_output, spill_output
+from rayfleet.platform._runner import LedgerJournal
 
 
 class Report(pydantic.BaseModel):

@@ -15,6 +15,8 @@ import pytest
 
 from rayfleet.errors import UnknownHandlerError, UnknownIdentityError
 from rayfleet.identity._handlers import Reply, Usage
+from rayfleet.testing import InMemoryJournal
+from rayfleet.workflow import JournalWith, StepReply
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -34,6 +36,8 @@ class FakeFleet:
         self.counts: Counter[tuple[str, str]] = Counter()
         self.calls: list[dict[str, Any]] = []
         self.replies: dict[tuple[str, str], tuple[Any, Usage]] = {}
+        self.journal_with_turns: InMemoryJournal | None = None
+        """When set, a call asked to journal its step journals it here with the turn, as a host would."""
 
     def agent(self, identity: str, **labels: str) -> FakeFleet:
         self.labels[identity] = dict(labels)
@@ -49,10 +53,11 @@ class FakeFleet:
 
     async def call(
         self, *, target: str, method: str, payload: dict[str, Any], idempotency_key: str, timeout: float,
-        conversation: str | None = None, fence: int | None = None,
-    ) -> tuple[Any, Usage]:
+        conversation: str | None = None, fence: int | None = None, journal: JournalWith | None = None,
+    ) -> tuple[Any, Usage] | StepReply:
         record = {"target": target, "method": method, "payload": payload, "key": idempotency_key,
-                  "timeout": timeout, "conversation": conversation, "fence": fence, "dedup": False}
+                  "timeout": timeout, "conversation": conversation, "fence": fence, "dedup": False,
+                  "journal": journal}
         self.calls.append(record)
         if (target, idempotency_key) in self.replies:
             record["dedup"] = True
@@ -66,6 +71,11 @@ class FakeFleet:
         result = await asyncio.wait_for(fn(target, payload), timeout)
         reply = (result.value, result.usage) if isinstance(result, Reply) else (result, Usage())
         self.replies[(target, idempotency_key)] = reply
+        if journal is not None and self.journal_with_turns is not None:
+            # As a host journals a step in its agent's checkpoint transaction.
+            journaled = self.journal_with_turns.journal_with_turn(
+                journal.run_id, journal.label, reply[0], reply[1].total_tokens, token=journal.token)
+            return StepReply(reply[0], reply[1], journaled)
         return reply
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:

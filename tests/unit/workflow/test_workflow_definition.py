@@ -229,8 +229,9 @@ def test_budget_exceeded_error_shape() -> None:
 ALLOWED_IMPORTS = ("__future__", "asyncio", "collections", "dataclasses", "enum", "hashlib", "heapq",
                    "importlib", "inspect", "logging", "random", "time", "types", "typing", "cloudpickle",
                    "pydantic", "pyarrow")
-# ledger._run_rules: the run-lease and run-fencing rules, which the in-memory journal applies as the ledger does.
-ALLOWED_RELATIVE = ("errors", "retry", "identity._handlers", "identity._names", "ledger._run_rules")
+# ledger._run_rules: the run-lease and run-fencing rules, which the in-memory journal applies as the ledger does;
+# ledger._values: the plain values a journal answers with (RunRequests, StepJournaled), no store.
+ALLOWED_RELATIVE = ("errors", "retry", "identity._handlers", "identity._names", "ledger._run_rules", "ledger._values")
 
 
 def test_package_imports_only_allowed_modules() -> None:
