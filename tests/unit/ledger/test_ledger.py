@@ -38,7 +38,7 @@ from rayfleet.identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
-from rayfleet.ledger import RunRequests
+from rayfleet.ledger import RunRequests, StepEntry, StepJournaled
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
@@ -1551,3 +1551,69 @@ def test_a_checkpoint_is_stamped_by_the_stores_clock_inside_its_update(store, tm
         ledger.close()
         if store == "postgresql":
             pg_support.drop_database(url)
+
+
+# -- workflow steps journaled with a checkpoint -----------------------------------------
+
+def _with_step(identity: str, token: int, version: int, *, run: str, run_token: int, label: str,
+               output: bytes, tokens: int = 0) -> CheckpointCommit:
+    return CheckpointCommit(
+        identity=identity, fencing_token=token, version=version,
+        pointer=SnapshotPointer(file="", row=0, version=version, inline=b"state"),
+        step=StepEntry(run_id=run, run_token=run_token, label=label, output=output, tokens=tokens),
+    )
+
+
+def test_a_checkpoint_journals_the_step_it_carries_in_its_transaction(ledger):
+    register(ledger)
+    agent = grant(ledger, "h1")
+    run = new_run(ledger)
+    run_token = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    (outcome,) = ledger.commit_checkpoints([_with_step("a", agent.fencing_token, 1, run=run, run_token=run_token,
+                                                       label="s1", output=b"one", tokens=7)])
+    assert outcome == StepJournaled(inserted=True, requests=RunRequests())
+    assert [(e.label, e.output, e.tokens) for e in ledger.journal(run).steps] == [("s1", b"one", 7)]
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 1
+    # The same step again (an earlier attempt journaled first): the first output stays, and it says so.
+    ledger.request_run(run_id=run, pause=True)
+    (again,) = ledger.commit_checkpoints([_with_step("a", agent.fencing_token, 2, run=run, run_token=run_token,
+                                                     label="s1", output=b"two")])
+    assert again == StepJournaled(inserted=False, requests=RunRequests(pause=True))
+    assert [(e.label, e.output) for e in ledger.journal(run).steps] == [("s1", b"one")]
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 2
+
+
+def test_a_stale_run_token_journals_nothing_and_refuses_nothing(ledger, clock):
+    register(ledger)
+    agent = grant(ledger, "h1")
+    run = new_run(ledger)
+    old = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    clock.advance(TTL + 1)
+    ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL)
+    (outcome,) = ledger.commit_checkpoints([_with_step("a", agent.fencing_token, 1, run=run, run_token=old,
+                                                       label="s1", output=b"zombie")])
+    assert outcome is None  # the checkpoint stands on its own; the engine journals (and is refused) itself
+    assert ledger.journal(run).steps == ()
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 1
+    # A run that never had a lease, or none at all: the same.
+    (unknown,) = ledger.commit_checkpoints([_with_step("a", agent.fencing_token, 2, run="no-such-run", run_token=1,
+                                                       label="s1", output=b"x")])
+    assert unknown is None and ledger.journal("no-such-run").steps == ()
+
+
+def test_a_refused_checkpoint_journals_no_step(ledger, clock):
+    register(ledger)
+    register(ledger, "b")
+    old = grant(ledger, "h1", ttl=1.0)
+    clock.advance(2.0)
+    grant(ledger, "h2")
+    other = grant(ledger, "h1", "b")
+    run = new_run(ledger)
+    run_token = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL).token
+    outcomes = ledger.commit_checkpoints([
+        _with_step("a", old.fencing_token, 1, run=run, run_token=run_token, label="s1", output=b"fenced"),
+        _with_step("b", other.fencing_token, 1, run=run, run_token=run_token, label="s2", output=b"two"),
+    ])
+    assert isinstance(outcomes[0], StaleFencingTokenError)
+    assert outcomes[1] == StepJournaled(inserted=True, requests=RunRequests())
+    assert [(e.label, e.output) for e in ledger.journal(run).steps] == [("s2", b"two")]
