@@ -27,7 +27,7 @@ class Tally(rf.Agent):
 
 
 def _dispatch(fleet: rf.Fleet, target: str, key: str, journal: JournalWith | None) -> StepReply:
-    courier: Any = fleet._courier  # noqa: SLF001 - internal test: the engine's own dispatcher
+    courier: Any = fleet._courier
     dispatcher = RayDispatcher(courier, "run-1")
     return asyncio.run(dispatcher.call(target=target, method="add", payload={"n": 2}, idempotency_key=key,
                                        timeout=60.0, journal=journal))
@@ -35,7 +35,7 @@ def _dispatch(fleet: rf.Fleet, target: str, key: str, journal: JournalWith | Non
 
 def test_an_every_turn_step_is_journaled_with_its_checkpoint_and_a_stale_token_is_not(any_fleet: rf.Fleet) -> None:
     fleet = any_fleet
-    ledger: Any = fleet._courier.ledger  # noqa: SLF001
+    ledger: Any = fleet._courier.ledger
     fleet.spawn("tally/every", Tally)
     _create_run(ledger)
     token = _lease(ledger, "engine-1")
@@ -60,7 +60,7 @@ def test_an_every_turn_step_is_journaled_with_its_checkpoint_and_a_stale_token_i
 
 
 def test_a_periodic_agents_step_is_left_to_the_engine(fleet: rf.Fleet) -> None:
-    ledger: Any = fleet._courier.ledger  # noqa: SLF001
+    ledger: Any = fleet._courier.ledger
     fleet.spawn("tally/periodic", Tally, durability="PERIODIC")
     _create_run(ledger)
     token = _lease(ledger, "engine-1")
@@ -77,7 +77,7 @@ def test_a_workflow_on_every_turn_agents_journals_each_output_once(any_fleet: rf
         wf.step(f"s{index}", to="tally/a", call="add", payload={"n": 1}, after=[f"s{index - 1}"] if index else ())
     outcome = fleet.run(wf, run_id="chain-1")
     assert outcome.ok and outcome.outputs == {f"s{index}": index + 1 for index in range(5)}
-    ledger: Any = fleet._courier.ledger  # noqa: SLF001
+    ledger: Any = fleet._courier.ledger
     journal = ledger.journal("chain-1").result()
     assert [entry.label for entry in journal.steps] == [f"s{index}" for index in range(5)]
     assert fleet.agent("tally/a").call("add", n=0) == 5  # each step ran once
