@@ -523,8 +523,10 @@ def assert_each_step_ran_once(fleet: rf.Fleet, outcome: rf.WorkflowOutcome) -> N
         state = report(fleet, f"w/{index}")
         assert state["calls"] == 1, (index, state)  # s3 was re-sent with the same key: its effect is once
         assert state["tags"] == [f"s{index}"], (index, state)
-    # The resumed engine dispatched only the step that was not journaled.
-    assert outcome.invocations == 1
+    # The resumed engine dispatched at most the step that was not journaled when it loaded the journal:
+    # s3's own turn journals s3 with its checkpoint if it commits before the new engine takes the run
+    # (the killed engine's token is still the run's then), else s3 is sent again under its key.
+    assert outcome.invocations in (0, 1)
     assert fleet.runs.get(outcome.run_id).status is rf.RunStatus.COMPLETED
 
 
