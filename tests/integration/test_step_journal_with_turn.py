@@ -11,19 +11,10 @@ import asyncio
 from typing import Any
 
 import rayfleet as rf
+from rayfleet.demo import Counter
 from rayfleet.ledger import RunRequests, StepJournaled
 from rayfleet.platform._runner import RayDispatcher
 from rayfleet.workflow import JournalWith, StepReply
-
-
-class Tally(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        return self.state.total
 
 
 def _dispatch(fleet: rf.Fleet, target: str, key: str, journal: JournalWith | None) -> StepReply:
@@ -36,7 +27,7 @@ def _dispatch(fleet: rf.Fleet, target: str, key: str, journal: JournalWith | Non
 def test_an_every_turn_step_is_journaled_with_its_checkpoint_and_a_stale_token_is_not(any_fleet: rf.Fleet) -> None:
     fleet = any_fleet
     ledger: Any = fleet._courier.ledger
-    fleet.spawn("tally/every", Tally)
+    fleet.spawn("tally/every", Counter)
     _create_run(ledger)
     token = _lease(ledger, "engine-1")
 
@@ -61,7 +52,7 @@ def test_an_every_turn_step_is_journaled_with_its_checkpoint_and_a_stale_token_i
 
 def test_a_periodic_agents_step_is_left_to_the_engine(fleet: rf.Fleet) -> None:
     ledger: Any = fleet._courier.ledger
-    fleet.spawn("tally/periodic", Tally, durability="PERIODIC")
+    fleet.spawn("tally/periodic", Counter, durability="PERIODIC")
     _create_run(ledger)
     token = _lease(ledger, "engine-1")
     reply = _dispatch(fleet, "tally/periodic", "run-1/s1/1-0", JournalWith("run-1", "s1", token))
@@ -71,7 +62,7 @@ def test_a_periodic_agents_step_is_left_to_the_engine(fleet: rf.Fleet) -> None:
 
 def test_a_workflow_on_every_turn_agents_journals_each_output_once(any_fleet: rf.Fleet) -> None:
     fleet = any_fleet
-    fleet.spawn("tally/a", Tally)
+    fleet.spawn("tally/a", Counter)
     wf = rf.Workflow("chain")
     for index in range(5):
         wf.step(f"s{index}", to="tally/a", call="add", payload={"n": 1}, after=[f"s{index - 1}"] if index else ())
