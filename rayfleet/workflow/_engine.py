@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
 import inspect
 import logging
 import random
@@ -194,6 +195,52 @@ def _unpack_reply(result: Any) -> tuple[Any, int, StepJournaled | None]:
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+class _ReadySteps:
+    """The steps of a run not journaled yet, each ready once every step it comes ``after`` is journaled.
+
+    Kept up to date step by step (:meth:`journaled`), so finding the ready steps costs
+    what changed rather than a scan of every waiting step after each step (a long chain
+    of steps was quadratic). Ready steps start in the workflow's order.
+    """
+
+    __slots__ = ("_dependents", "_position", "_ready", "_unmet")
+
+    def __init__(self, order: list[str], steps: Mapping[str, Step], *, journaled: Mapping[str, Any]) -> None:
+        self._position = {label: index for index, label in enumerate(order)}
+        self._unmet: dict[str, set[str]] = {}
+        self._dependents: dict[str, list[str]] = {}
+        self._ready: list[tuple[int, str]] = []
+        for label in order:
+            if label in journaled:
+                continue
+            unmet = {dep for dep in steps[label].after if dep not in journaled}
+            if not unmet:
+                heapq.heappush(self._ready, (self._position[label], label))
+                continue
+            self._unmet[label] = unmet
+            for dep in unmet:
+                self._dependents.setdefault(dep, []).append(label)
+
+    def journaled(self, label: str) -> None:
+        """``label`` is journaled: the steps that waited only for it are ready."""
+        for dependent in self._dependents.pop(label, ()):
+            unmet = self._unmet[dependent]
+            unmet.discard(label)
+            if not unmet:
+                del self._unmet[dependent]
+                heapq.heappush(self._ready, (self._position[dependent], dependent))
+
+    def first(self, count: int) -> list[str]:
+        """Up to ``count`` ready steps, in the workflow's order (not yet started)."""
+        return [label for _, label in heapq.nsmallest(count, self._ready)] if count > 0 else []
+
+    def start(self, label: str) -> None:
+        """``label``, the first ready step, is started."""
+        _, first = heapq.heappop(self._ready)
+        if first != label:
+            raise InternalError(detail=f"step {label!r} started before the ready step {first!r}")
 
 
 class WorkflowEngine:
@@ -422,7 +469,8 @@ class WorkflowEngine:
         After a failure no new step starts, but in-flight steps run to the end so the
         ones that succeed are journaled and compensated.
         """
-        pending = [label for label in order if label not in self._outputs]
+        steps = _ReadySteps(order, self._steps, journaled=self._outputs)
+        completed = len(self._completed)
         running: dict[asyncio.Task[None], str] = {}
         failure: RayfleetError | None = None
         cancelled = False
@@ -447,10 +495,11 @@ class WorkflowEngine:
             while True:
                 if self._lost is not None:
                     return failure, cancelled  # the run is another engine's: start and finish nothing
-                ready = [] if failure is not None else [
-                    label for label in pending if all(dep in self._outputs for dep in self._steps[label].after)
-                ]
-                if ready and len(running) < parallelism:
+                for label in self._completed[completed:]:
+                    steps.journaled(label)
+                completed = len(self._completed)
+                ready = [] if failure is not None else steps.first(parallelism - len(running))
+                if ready:
                     # What the last step's journal write answered is as fresh as a read; it is
                     # used once, so steps started for any other reason read the requests anew.
                     if self._requests is None:
@@ -477,14 +526,14 @@ class WorkflowEngine:
                         if paused:
                             paused = False
                             await self._set_status(RunStatus.RUNNING, "resumed after pause")
-                        for label in ready[: parallelism - len(running)]:
+                        for label in ready:
                             self._meter.charge_invocation()
                             try:
                                 self._meter.check()
                             except BudgetExceededError as error:
                                 failure = error
                                 break
-                            pending.remove(label)
+                            steps.start(label)
                             task = asyncio.create_task(self._run_step(self._steps[label]),
                                                        name=f"workflow:{self.run_id}:{label}")
                             running[task] = label

@@ -681,3 +681,26 @@ async def test_runs_and_steps_are_reported_to_the_metrics_port(fleet) -> None:
     completed = RecordingRunMetrics()
     await engine(three_steps(fail_third=False), fleet, run_id="run-2", metrics=completed).run()
     assert completed.events[-1] == ("ended", "wf", "COMPLETED")
+
+
+def test_ready_steps_follow_the_journal_in_the_workflows_order() -> None:
+    from rayfleet.workflow._engine import _ReadySteps
+
+    wf = Workflow("wf")
+    wf.step("a", to="a1", call="work")
+    wf.step("b", to="a1", call="work")
+    wf.step("c", to="a1", call="work", after=["a", "b"])
+    wf.step("d", to="a1", call="work", after=["a"])
+    wf.step("e", to="a1", call="work", after=["c", "d"])
+    steps = _ReadySteps(wf.order(), wf.steps, journaled={"b": 1})  # b was journaled by an earlier engine
+    assert steps.first(8) == ["a"]
+    steps.start("a")
+    assert steps.first(8) == []
+    steps.journaled("a")
+    assert steps.first(8) == ["c", "d"] and steps.first(1) == ["c"]
+    steps.start("c")
+    steps.start("d")
+    steps.journaled("d")
+    assert steps.first(8) == []  # e still waits for c
+    steps.journaled("c")
+    assert steps.first(8) == ["e"] and steps.first(0) == []
