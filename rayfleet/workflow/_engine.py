@@ -238,9 +238,10 @@ class _ReadySteps:
 
     def start(self, label: str) -> None:
         """``label``, the first ready step, is started."""
-        _, first = heapq.heappop(self._ready)
+        first = self._ready[0][1] if self._ready else None
         if first != label:
             raise InternalError(detail=f"step {label!r} started before the ready step {first!r}")
+        heapq.heappop(self._ready)
 
 
 class WorkflowEngine:
