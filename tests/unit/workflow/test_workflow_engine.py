@@ -9,8 +9,8 @@ import pytest
 
 from rayfleet.errors import (
     DeadlineExceededError,
-    InternalError,
     HandlerError,
+    InternalError,
     InvalidSpecError,
     RunCancelledError,
     StepFailedError,
