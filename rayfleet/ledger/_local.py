@@ -98,7 +98,9 @@ class LocalLedgerClient:
 
     Args:
         ledger: the ledger to serve, or a path to a SQLite ledger file (created if missing).
-        threads: run operations on this many worker threads (0: on the caller's thread).
+        threads: run operations on this many worker threads (0: on the caller's thread);
+            lease renewals and releases run on one more thread of their own, so a
+            backlog of other calls never delays them.
         observe: told of every operation once it finished (for metrics); must not block.
         small_commits: a ``commit_checkpoints`` of at most this many checkpoints, and
             (when this is not 0) a ``journal_step``, runs on the calling thread even with
@@ -122,18 +124,33 @@ class LocalLedgerClient:
             if threads > 0
             else None
         )
+        # Renewing and releasing leases has a thread of its own: queued behind a host's
+        # backlog of lease grants (hundreds under activation load), a renewal came back
+        # after the leases it renewed had lapsed, and the host dropped every agent it held.
+        self._lease_keeper = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayfleet-ledger-leases")
+            if threads > 0
+            else None
+        )
 
     def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> LedgerCall[T]:
+        return self._submit(self._executor, operation, *args, **kwargs)
+
+    def _submit(
+        self, executor: concurrent.futures.ThreadPoolExecutor | None, operation: Callable[P, T], *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> LedgerCall[T]:
         if self._observe is not None:
             operation = _observed(operation, self._observe)
-        if self._executor is None:
+        if executor is None:
             return _run_now(operation, *args, **kwargs)
-        return Pending(self._executor.submit(operation, *args, **kwargs))
+        return Pending(executor.submit(operation, *args, **kwargs))
 
     def close(self) -> None:
         """Stop the worker threads (after the operations in flight) and close the ledger."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        for executor in (self._executor, self._lease_keeper):
+            if executor is not None:
+                executor.shutdown(wait=True)
         self.ledger.close()
 
     def incarnation(self) -> LedgerCall[str]:
@@ -186,10 +203,10 @@ class LocalLedgerClient:
         )
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
-        return self._run(self.ledger.renew, holder=holder, tokens=tokens)
+        return self._submit(self._lease_keeper, self.ledger.renew, holder=holder, tokens=tokens)
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
-        return self._run(self.ledger.release, holder=holder, tokens=tokens)
+        return self._submit(self._lease_keeper, self.ledger.release, holder=holder, tokens=tokens)
 
     def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
         return self._run(self.ledger.revoke_holder, holder)

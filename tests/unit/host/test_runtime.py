@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -15,6 +17,7 @@ from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._values import SpecRecord
+from rayfleet.testing import ManualClock
 
 
 class Counter(rf.Agent):
@@ -402,3 +405,56 @@ async def test_deactivating_all_commits_the_idle_in_one_group_and_waits_for_a_tu
     async with runtime(ledger, tmp_path, "host-b") as other:
         assert (await other.deliver("c/7", "add", (), {"n": 0})).value == 7
         assert (await other.deliver("c/1", "add", (), {"n": 0})).value == 101
+
+
+async def test_a_lease_expiring_by_the_hosts_clock_is_dropped_between_scans(ledger: Ledger, tmp_path: Path) -> None:
+    """Scans of every agent are spaced out by their cost, but a lease's expiry brings the next one forward."""
+    clock = ManualClock()
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path, clock=clock, lease_ttl=10.0) as host:
+        real_scan = host._scan_entries
+        scans: list[float] = []
+
+        async def costly_scan(now: float) -> None:
+            scans.append(now)
+            clock.advance(2.0)  # the scan took 2 s: the next is due 20 s later
+            await real_scan(now)
+
+        host._scan_entries = costly_scan  # type: ignore[method-assign]
+        while not scans:
+            await asyncio.sleep(0.01)  # the first scan ran, before any agent was hosted
+        await host.deliver("c/1", "add", (), {"n": 1})
+        await asyncio.sleep(0.2)  # several ticks: no scan is due
+        assert host.active_identities() == ["c/1"] and len(scans) == 1
+        clock.advance(10.0)  # past the lease, before the renewal loop (asleep for TTL/3 of real time) wakes
+        for _ in range(100):
+            if not host.active_identities():
+                break
+            await asyncio.sleep(0.02)
+        assert host.active_identities() == [] and len(scans) == 2
+        assert host.statistics().leases_lost == 1
+
+
+async def test_costly_scans_take_a_bounded_share_of_the_event_loop(ledger: Ledger, tmp_path: Path) -> None:
+    """A scan that took 50 ms is followed by the next one no sooner than 0.5 s later (HOUSEKEEPING_SHARE)."""
+    slowed = [0.0]
+
+    def clock() -> float:
+        return time.monotonic() + slowed[0]
+
+    register(ledger, "c/1")
+    async with runtime(ledger, tmp_path, clock=clock) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        scans: list[float] = []
+        real_scan = host._scan_entries
+
+        async def costly_scan(now: float) -> None:
+            scans.append(now)
+            slowed[0] += 0.05  # the clock says the scan took 50 ms
+            await real_scan(now)
+
+        host._scan_entries = costly_scan  # type: ignore[method-assign]
+        await asyncio.sleep(1.2)  # 24 ticks
+        assert 1 <= len(scans) <= 4, scans
+        assert all(later - earlier >= 0.5 for earlier, later in itertools.pairwise(scans)), scans
+        assert host.active_identities() == ["c/1"]
