@@ -53,7 +53,7 @@ def forge(**fields: Any) -> rf.Envelope:
     envelope = object.__new__(rf.Envelope)
     base = {"target": "vault/a", "method": "get", "args": (), "kwargs": {}, "sender": None, "idempotency_key": None,
             "deadline": None, "conversation": None, "fence": None, "message_id": "m-1", "sent_at": time.time(),
-            "chain": ()}
+            "chain": (), "journal": None}
     for name, value in {**base, **fields}.items():
         object.__setattr__(envelope, name, value)
     return envelope
