@@ -98,6 +98,10 @@ def test_dedup_key_is_scoped_by_sender() -> None:
         ({"fence": 3}, "a fence needs a conversation"),
         ({"chain": ["a"]}, "chain must be a tuple of identities"),
         ({"chain": ("a", "")}, "chain must be a tuple of identities"),
+        ({"journal": ("run", "step")}, "journal must be"),
+        ({"journal": ("run", "", 1)}, "journal must be"),
+        ({"journal": ("run", "step", True)}, "journal must be"),
+        ({"journal": ["run", "step", 1]}, "journal must be"),
     ],
 )
 def test_malformed_envelopes_are_refused_with_the_reason(fields: dict[str, object], problem: str) -> None:
