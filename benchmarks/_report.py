@@ -174,6 +174,14 @@ def write(path: Path, *, mode: str, results: Sequence[Result], skipped: Sequence
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
+def write_figures(path: Path, figures: Mapping[str, Any]) -> None:
+    """Write a stand-alone measurement's JSON report: when, on what machine, and ``figures``."""
+    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), **figures}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+
+
 def number(value: float | None) -> str:
     """A figure with three significant digits (thousands grouped), or an em dash when there is none."""
     if value is None or not math.isfinite(value):

@@ -11,8 +11,6 @@ the ledger client's worker thread (as hosts commit) and on the actor's event-loo
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
 
 from ._context import PostgresLedgers
+from ._report import write_figures
 
 
 class Committer:
@@ -117,12 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     for name, value in figures.items():
         print(f"{name}: {value:.3f} ms")
-    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpus": 2, "python": platform.python_version(), "ray": ray.__version__},
-              "calls": options.calls, "median_ms": figures}
-    Path(options.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(options.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {options.out}")
+    write_figures(Path(options.out), {"calls": options.calls, "median_ms": figures})
     return 0
 
 

@@ -13,8 +13,6 @@ over rounds, and every round) and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ import rayfleet as rf
 
 from ._agents import BenchAgent
 from ._context import STORES, Context, Store
+from ._report import write_figures
 
 AGENT = "journal/step"
 SIDES = ("with the turn", "by the engine")
@@ -84,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         context.postgres.close()
         ray.shutdown()
-    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpus": 2, "python": platform.python_version(), "ray": ray.__version__},
-              "steps": options.steps, "results": results}
-    Path(options.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(options.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {options.out}")
+    write_figures(Path(options.out), {"steps": options.steps, "results": results})
     return 0
 
 

@@ -40,8 +40,8 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | St
     batch = list(commits)
     move = _Move(now)
     # Read first, so on a pipelining store the reads travel with the update.
-    standings = {index: _runs.read_step_standing(tx, item.step)
-                 for index, item in enumerate(batch) if item.step is not None}
+    standings = [(index, item.step, _runs.read_step_standing(tx, item.step))
+                 for index, item in enumerate(batch) if item.step is not None]
     outcomes: list[CommitOutcome]
     if _all_pass(tx, batch, move):
         for item in batch:
@@ -50,9 +50,8 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | St
         outcomes = [None] * len(batch)
     else:
         outcomes = list(_judged(tx, batch, move))
-    for index, standing in standings.items():
-        step = batch[index].step
-        if outcomes[index] is None and step is not None:
+    for index, step, standing in standings:
+        if outcomes[index] is None:
             outcomes[index] = _runs.journal_with_checkpoint(tx, step, standing)
     return outcomes
 

@@ -578,7 +578,7 @@ class WorkflowEngine:
         self._meter.charge_tokens(tokens)  # spent whether or not the output passes verification
         if journaled is not None:
             if not journaled.inserted:
-                output = await self._journaled_output(step.label, output)
+                output = await self._journaled_output(step.label)
             self._requests = journaled.requests
             self._complete(step, output, served)
             return
@@ -614,13 +614,13 @@ class WorkflowEngine:
         self._served_by[step.label] = served
         self._metrics.step(self.workflow.name, StepOutcome.COMPLETED)
 
-    async def _journaled_output(self, label: str, fallback: Any) -> Any:
+    async def _journaled_output(self, label: str) -> Any:
         """The output journaled for ``label`` (an earlier attempt's, journaled when it finished late)."""
         state = await self._journal.load(self.run_id)
         if label not in state.outputs:
             raise InternalError(detail=f"step {label!r} of run {self.run_id!r} was reported journaled but is not")
         logger.info("step %r of run %r: an earlier attempt's journaled output stands", label, self.run_id)
-        return state.outputs.get(label, fallback)
+        return state.outputs[label]
 
     async def _build_payload(self, step: Step, attempt: int) -> dict[str, Any]:
         payload = step.payload

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import StaleRunTokenError
 from ..ledger._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
 from ..ledger._values import RunRequests, StepJournaled
 from ._definition import RunStatus, WorkflowOutcome
@@ -148,11 +149,28 @@ class InMemoryJournal:
 
     def _check(self, run_id: str, token: int) -> _RunRecord:
         record = self._run(run_id)
-        refusal = fence_refusal(run_id=run_id, high_water=0 if record.lease is None else record.lease.token,
-                                presented=token)
+        refusal = self._refusal(run_id, record, token)
         if refusal is not None:
             raise refusal
         return record
+
+    @staticmethod
+    def _refusal(run_id: str, record: _RunRecord, token: int) -> StaleRunTokenError | None:
+        return fence_refusal(run_id=run_id, high_water=0 if record.lease is None else record.lease.token,
+                             presented=token)
+
+    @staticmethod
+    def _journal(record: _RunRecord, label: str, output: Any, tokens: int) -> tuple[bool, RunRequests]:
+        """Journal ``label`` unless it is already (a repeat keeps the first output, as the ledger does).
+
+        Returns whether this output was journaled, and what is asked of the run.
+        """
+        inserted = label not in record.outputs
+        if inserted:
+            record.completed.append(label)
+            record.outputs[label] = output
+            record.tokens[label] = tokens
+        return inserted, RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
 
     # -- leases
 
@@ -209,12 +227,8 @@ class InMemoryJournal:
                             compensated=compensated)
 
     async def record_step(self, run_id: str, label: str, output: Any, tokens: int, *, token: int) -> RunRequests:
-        record = self._check(run_id, token)
-        if label not in record.outputs:  # journaled once: a repeat keeps the first output, as the ledger does
-            record.completed.append(label)
-            record.outputs[label] = output
-            record.tokens[label] = tokens
-        return RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
+        _, requests = self._journal(self._check(run_id, token), label, output, tokens)
+        return requests
 
     async def record_compensation(self, run_id: str, label: str, ok: bool, error: str, *, token: int) -> None:
         self._check(run_id, token).compensations.append((label, ok, error))
@@ -228,16 +242,10 @@ class InMemoryJournal:
         current token; a step journaled before keeps its output (``inserted=False``).
         """
         record = self._run(run_id)
-        if fence_refusal(run_id=run_id, high_water=0 if record.lease is None else record.lease.token,
-                         presented=token) is not None:
+        if self._refusal(run_id, record, token) is not None:
             return None
-        requests = RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
-        if label in record.outputs:
-            return StepJournaled(inserted=False, requests=requests)
-        record.completed.append(label)
-        record.outputs[label] = output
-        record.tokens[label] = tokens
-        return StepJournaled(inserted=True, requests=requests)
+        inserted, requests = self._journal(record, label, output, tokens)
+        return StepJournaled(inserted=inserted, requests=requests)
 
     async def status(self, run_id: str) -> tuple[RunStatus | None, bool, bool]:
         record = self._run(run_id)
