@@ -83,6 +83,10 @@ class EventHub:
         if not listeners:
             self._subscribers.pop(identity, None)
 
+    def listened(self, identity: str) -> bool:
+        """Whether anyone subscribes to ``identity``: emitters with many events to build ask first."""
+        return identity in self._subscribers
+
     def emit(self, event: IdentityEvent) -> None:
         for subscription in self._subscribers.get(event.identity, ()):
             subscription.push(event)

@@ -522,14 +522,13 @@ class HostRuntime:
         # The ledger extends the lease from when it handles the call, which is no earlier
         # than the send: dating it from the send errs on the safe side, as renew_once does.
         sent_at = self._clock()
-        renewed = await self._ledger.renew(holder=self.holder, tokens={entry.spec.identity: entry.grant.fencing_token})
-        grant = renewed.get(entry.spec.identity)
-        if grant is None:
+        lost = await self._ledger.renew(holder=self.holder, tokens={entry.spec.identity: entry.grant.fencing_token})
+        if lost:
             await self._drop(entry, reason="lease lost at renewal")
             raise LeaseLostError(identity=entry.spec.identity, detail="the lease could not be renewed")
         self._counters["lease_renewals"] += 1
         self._metrics.lease_renewals(1)
-        entry.grant, entry.installed_at = grant, sent_at
+        entry.installed_at = sent_at
 
     async def _fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
         """Run one fenced ledger write for ``entry``; ``write`` gets the token to present.
@@ -1142,17 +1141,18 @@ class HostRuntime:
         if not held:
             return 0
         sent_at = self._clock()
-        renewed = await self._ledger.renew(holder=self.holder, tokens=held)
+        lost = await self._ledger.renew(holder=self.holder, tokens=held)
         count = 0
-        for identity, grant in renewed.items():
+        for identity, token in held.items():
             entry = self._entries.get(identity)
-            if entry is None or entry.grant.fencing_token != held[identity]:
+            if entry is None or entry.grant.fencing_token != token:
                 continue  # replaced or dropped while the renewal was in flight
-            if grant is None:
+            if identity in lost:
                 await self._drop(entry, reason="lease lost at renewal")
                 continue
-            entry.grant, entry.installed_at = grant, sent_at
-            self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=grant.fencing_token)
+            entry.installed_at = sent_at
+            if self._events.listened(identity):
+                self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
             count += 1
         self._counters["lease_renewals"] += count
         if count:

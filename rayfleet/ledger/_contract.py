@@ -20,7 +20,6 @@ from ..errors import RayfleetError
 from ..identity._values import (
     ContinuityRecord,
     LeaseDenied,
-    LeaseGrant,
     SnapshotPointer,
 )
 from ._values import (
@@ -122,8 +121,8 @@ class LedgerClient(Protocol):
         """Grant leases under strictly larger tokens, persisted before the reply."""
         ...
 
-    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
-        """Extend leases still held with the same token; ``None`` marks a lost one."""
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
+        """Extend leases still held with the same token by their TTL; returns the presented identities lost."""
         ...
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:

@@ -19,7 +19,6 @@ from ..identity._values import (
     PERSISTED_LIVE,
     ContinuityRecord,
     LeaseDenied,
-    LeaseGrant,
     SnapshotPointer,
 )
 from . import (
@@ -237,12 +236,14 @@ class Ledger:
             )
         )
 
-    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> dict[str, LeaseGrant | None]:
-        """Extend many leases by their TTL in one commit; ``None`` means the lease is lost.
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> frozenset[str]:
+        """Extend many leases by their TTL in one commit; returns the presented identities whose lease is lost.
 
         A lease is renewed only if ``holder`` still holds it with the same token (an
         expired lease that nobody else took is renewed too: fencing, not the clock,
-        decides who may write).
+        decides who may write). A renewed lease keeps its grant (holder, token, TTL)
+        and lasts one TTL from the commit. The cost does not grow per lease in Python:
+        see :func:`rayfleet.ledger._leases.renew`.
         """
         return self._db.write(lambda tx: _leases.renew(tx, holder=holder, tokens=tokens, now=self._now(tx)))
 

@@ -20,7 +20,6 @@ from ..errors import RayfleetError
 from ..identity._values import (
     ContinuityRecord,
     LeaseDenied,
-    LeaseGrant,
     SnapshotPointer,
 )
 from ._contract import LedgerCall
@@ -202,7 +201,7 @@ class LocalLedgerClient:
             self.ledger.acquire, holder=holder, identities=identities, ttl=ttl, create_continuity=create_continuity
         )
 
-    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
         return self._submit(self._lease_keeper, self.ledger.renew, holder=holder, tokens=tokens)
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:

@@ -19,7 +19,6 @@ from ..errors import LedgerUnavailableError, RayfleetError
 from ..identity._values import (
     ContinuityRecord,
     LeaseDenied,
-    LeaseGrant,
     SnapshotPointer,
 )
 from ..ledger._contract import LedgerCall
@@ -391,7 +390,7 @@ class RayLedgerClient:
             holder=holder, identities=list(identities), ttl=ttl, create_continuity=create_continuity
         ))
 
-    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[dict[str, LeaseGrant | None]]:
+    def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
         return _RayCall(self.actor.renew.remote(holder=holder, tokens=tokens))
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
