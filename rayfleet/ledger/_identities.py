@@ -152,7 +152,8 @@ def list_views(tx: Transaction, labels: Mapping[str, str] | None, now: float) ->
     identities by label does not read the rest of the fleet.
     """
     names = _labelled(tx, labels)
-    return [view for name in names if (view := _views.view(tx, name, now)) is not None]
+    found = _views.views(tx, names, now)
+    return [found[name] for name in names if name in found]
 
 
 def select(tx: Transaction, labels: Mapping[str, str], lifecycle: str) -> list[str]:

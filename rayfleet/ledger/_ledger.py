@@ -158,7 +158,7 @@ class Ledger:
 
         def run(tx: Transaction) -> dict[str, IdentityView]:
             now = self._now(tx)
-            return {identity: view for identity in wanted if (view := _views.view(tx, identity, now)) is not None}
+            return _views.views(tx, wanted, now)
 
         return self._db.read(run)
 

@@ -106,6 +106,8 @@ class _Transaction:
 
     __slots__ = ("_answered_at", "_connection", "_queued")
 
+    dialect = POSTGRESQL
+
     def __init__(self, connection: psycopg.Connection[Row]) -> None:
         self._connection = connection
         self._queued: list[tuple[psycopg.Cursor[Row], str, Any, bool]] = []

@@ -174,6 +174,8 @@ class _Statements:
 
     __slots__ = ("_connection", "_cursors")
 
+    dialect = SQLITE
+
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
         self._cursors: list[sqlite3.Cursor] = []

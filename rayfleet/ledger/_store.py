@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
+from ._schema import Dialect
+
 Row = tuple[Any, ...]
 T = TypeVar("T")
 
@@ -34,6 +36,11 @@ class Cursor(Protocol):
 
 class Transaction(Protocol):
     """One open transaction: statements run in it see each other's writes."""
+
+    @property
+    def dialect(self) -> Dialect:
+        """How this store spells what the portable subset lacks (one-row JSON reads of many rows)."""
+        ...
 
     def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
 

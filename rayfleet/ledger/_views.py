@@ -7,6 +7,8 @@ same transaction checks or writes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..identity._values import ContinuityRecord, SnapshotPointer
 from ._store import Transaction
@@ -62,28 +64,96 @@ def dedup_rows(tx: Transaction, identity: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def view(tx: Transaction, identity: str, now: float, *, with_state: bool = False) -> IdentityView | None:
-    row = tx.execute(
-        "SELECT spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, peers FROM identities "
-        "WHERE identity = ?",
-        (identity,),
-    ).fetchone()
-    if row is None:
-        return None
-    record, pointer = continuity(tx, identity, with_state=with_state)
-    return IdentityView(
-        identity=identity,
-        spec=bytes(row[0]),
-        fingerprint=row[1],
-        agent_class=row[2],
-        labels=json.loads(row[3]),
-        addressability=row[6],
-        lifecycle=row[4],
-        reason=row[5],
-        continuity=record,
-        snapshot=pointer,
-        lease=lease(tx, identity, now),
-        paused=tx.execute("SELECT 1 FROM paused WHERE identity = ?", (identity,)).fetchone() is not None,
-        declared_peers=tuple(json.loads(row[7])),
-        wired_peers=wired_peers(tx, identity),
+def presented(identities: Iterable[str]) -> str:
+    """``identities`` as the JSON object parameter a set-based statement reads with ``json_each(?)`` (its keys)."""
+    return json.dumps(dict.fromkeys(identities, 0), separators=(",", ":"))
+
+
+def json_rows(tx: Transaction, sql: str, parameters: Sequence[Any]) -> list[list[Any]]:
+    """The rows of a statement whose one column is ``tx.dialect.rows_json(...)`` (none for no rows).
+
+    Many rows come back as one: a row stepped costs the SQLite driver a GIL handoff,
+    which on a busy host's process waits up to the interpreter's switch interval.
+    """
+    row = tx.execute(sql, parameters).fetchone()
+    return [] if row is None or row[0] is None else list(json.loads(row[0]))
+
+
+def _blob(value: str | None) -> bytes | None:
+    return None if value is None else bytes.fromhex(value)
+
+
+def views(
+    tx: Transaction, identities: Iterable[str], now: float, *, with_state: bool = False,
+) -> dict[str, IdentityView]:
+    """The views of those of ``identities`` that exist (in the order given), in two statements whatever their number.
+
+    ``with_state`` loads a State kept in the ledger into each snapshot pointer.
+    """
+    names = list(identities)
+    wanted = presented(names)
+    dialect = tx.dialect
+    inline = dialect.hex_of("c.snapshot_inline") if with_state else "NULL"
+    columns = dialect.rows_json(
+        "i.identity", dialect.hex_of("i.spec"), "i.fingerprint", "i.agent_class", "i.labels", "i.lifecycle",
+        "i.reason", "i.addressability", "i.peers", "c.runtime_id", "c.session_id", "c.generation",
+        "c.checkpoint_version", "c.fence", "c.snapshot_file", "c.snapshot_row", inline, "l.holder", "l.token",
+        "l.ttl", "l.expires_at", "p.identity",
     )
+    rows = json_rows(tx, (
+        f"SELECT {columns} FROM identities i LEFT JOIN continuity c ON c.identity = i.identity "
+        "LEFT JOIN leases l ON l.identity = i.identity LEFT JOIN paused p ON p.identity = i.identity "
+        "WHERE i.identity IN (SELECT key FROM json_each(?))"
+    ), (wanted,))
+    peers = wired_peers_of(tx, wanted)
+    found: dict[str, IdentityView] = {}
+    for (identity, spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, declared, runtime_id,
+         session_id, generation, version, fence, file, file_row, state, holder, token, ttl, expires_at,
+         paused) in rows:
+        record = None if runtime_id is None else ContinuityRecord(
+            identity=identity, runtime_id=runtime_id, session_id=session_id, generation=generation,
+            checkpoint_version=version, fence=fence,
+        )
+        pointer = None if record is None or file is None else SnapshotPointer(
+            file=file, row=file_row, version=version, inline=_blob(state),
+        )
+        live = holder is not None and expires_at - now > 0
+        found[identity] = IdentityView(
+            identity=identity, spec=bytes.fromhex(spec), fingerprint=fingerprint, agent_class=agent_class,
+            labels=json.loads(labels), addressability=addressability, lifecycle=lifecycle, reason=reason,
+            continuity=record, snapshot=pointer,
+            lease=LeaseView(holder=holder, fencing_token=token, ttl=ttl, expires_in=expires_at - now) if live else None,
+            paused=paused is not None, declared_peers=tuple(json.loads(declared)),
+            wired_peers=peers.get(identity, ()),
+        )
+    return {name: found[name] for name in names if name in found}
+
+
+def wired_peers_of(tx: Transaction, wanted: str) -> dict[str, tuple[str, ...]]:
+    """The wired peers of each identity of ``wanted`` (a :func:`presented` parameter) that has any, sorted."""
+    pairs = json_rows(tx, (
+        f"SELECT {tx.dialect.rows_json('e.owner', 'e.peer')} FROM ("
+        "SELECT a AS owner, b AS peer FROM edges WHERE a IN (SELECT key FROM json_each(?)) "
+        "UNION SELECT b AS owner, a AS peer FROM edges WHERE b IN (SELECT key FROM json_each(?))) e"
+    ), (wanted, wanted))
+    grouped: dict[str, list[str]] = {}
+    for owner, peer in pairs:
+        grouped.setdefault(owner, []).append(peer)
+    return {owner: tuple(sorted(found)) for owner, found in grouped.items()}
+
+
+def dedup_rows_of(tx: Transaction, identities: Iterable[str]) -> dict[str, list[tuple[str, bytes]]]:
+    """The remembered idempotency keys of each of ``identities`` with their pickled replies, oldest first."""
+    rows = json_rows(tx, (
+        f"SELECT {tx.dialect.rows_json('identity', 'seq', 'key', tx.dialect.hex_of('reply'))} FROM dedup "
+        "WHERE identity IN (SELECT key FROM json_each(?))"
+    ), (presented(identities),))
+    rows.sort(key=lambda row: row[1])
+    grouped: dict[str, list[tuple[str, bytes]]] = {}
+    for identity, _, key, reply in rows:
+        grouped.setdefault(identity, []).append((key, bytes.fromhex(reply)))
+    return grouped
+
+
+def view(tx: Transaction, identity: str, now: float, *, with_state: bool = False) -> IdentityView | None:
+    return views(tx, (identity,), now, with_state=with_state).get(identity)

@@ -41,7 +41,7 @@ from rayfleet.identity._values import (
 from rayfleet.ledger import RunRequests, StepEntry, StepJournaled, _leases
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._postgres import PostgresDatabase
-from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
+from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord, TopologyChange
 from rayfleet.testing import ManualClock
 
 TTL = 10.0
@@ -394,6 +394,10 @@ class _CountingTransaction:
         self.statements = 0
         self.rows = 0
 
+    @property
+    def dialect(self):
+        return self._tx.dialect
+
     def execute(self, sql, parameters=()):
         self.statements += 1
         return _CountingCursor(self._tx.execute(sql, parameters), self)
@@ -435,8 +439,20 @@ def test_renewing_and_releasing_many_leases_takes_a_few_statements_and_fetches_o
     # cross into Python once per lease.
     identities = [f"many/{index}" for index in range(300)]
     ledger.register_many([spec_record(identity) for identity in identities])
-    grants = {identity: outcome.grant for identity, outcome in
-              ledger.acquire(holder="A", identities=identities, ttl=TTL).items()}
+    ledger.apply_topology(TopologyChange(wire=(("many/1", "many/2"),)))
+    counter = _CountingTransaction(None)
+
+    def acquire(tx):
+        counter._tx = tx
+        return _leases.acquire(counter, holder="A", identities=[*identities, "ghost"], ttl=TTL,
+                               create_continuity=True, now=clock())
+
+    activations = ledger._db.write(acquire)
+    assert counter.statements <= 10 and counter.rows <= 10
+    assert isinstance(activations.pop("ghost"), UnknownIdentityError)
+    assert activations["many/1"].view.wired_peers == ("many/2",)
+    assert activations["many/2"].view.continuity.fence == activations["many/2"].grant.fencing_token
+    grants = {identity: outcome.grant for identity, outcome in activations.items()}
     tokens = {identity: g.fencing_token for identity, g in grants.items()}
     tokens["many/0"] += 1  # a token the ledger never issued to A for it
     tokens["ghost"] = 1  # never leased
