@@ -12,6 +12,7 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host import _runtime as runtime_module
 from rayfleet.host._hosted import HostDraining
 from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
 from rayfleet.ledger._ledger import Ledger
@@ -146,6 +147,31 @@ async def test_lost_lease_at_renewal_drops_the_agent(ledger: Ledger, tmp_path: P
         assert await host.renew_once() == 0
         assert host.active_identities() == []
         assert host.statistics().leases_lost == 1
+
+
+async def test_a_renewal_goes_to_the_ledger_in_chunks(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One transaction renewing every lease of a host holding tens of thousands held a
+    # SQLite file's write lock for seconds, and the other host's renewal timed out
+    # behind it. Chunks let other writers in between.
+    monkeypatch.setattr(runtime_module, "RENEWAL_CHUNK", 3)
+    for index in range(7):
+        register(ledger, f"c/{index}")
+    async with runtime(ledger, tmp_path) as host:
+        await asyncio.gather(*(host.deliver(f"c/{index}", "add", (), {"n": 1}) for index in range(7)))
+        sizes: list[int] = []
+        renew = host._ledger.renew
+
+        def counted(*, holder: str, tokens: dict[str, int]):  # type: ignore[no-untyped-def]
+            sizes.append(len(tokens))
+            return renew(holder=holder, tokens=tokens)
+
+        monkeypatch.setattr(host._ledger, "renew", counted)
+        ledger.release(holder=host.holder, tokens={"c/4": ledger.resolve(["c/4"])["c/4"].lease.fencing_token})
+        assert await host.renew_once() == 6
+        assert sorted(sizes) == [1, 3, 3]
+        assert sorted(host.active_identities()) == [f"c/{index}" for index in range(7) if index != 4]
 
 
 async def test_lifecycle_retire_respawn_reset_delete(ledger: Ledger, tmp_path: Path) -> None:
