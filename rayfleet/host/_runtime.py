@@ -1185,11 +1185,14 @@ class HostRuntime:
     def _renewal_delay(self) -> float:
         """Seconds until the renewal loop's next attempt.
 
-        TTL/3 while renewals succeed. After a failure the leases are in danger, so
-        the next attempt comes sooner, not later: 1 s doubling, but never more than
-        TTL/10. Either way no wait ends later than TTL/10 before the earliest expiry
-        of a lease held here, so with TTL 10 s two failed renewals still leave
-        several attempts before any lease lapses.
+        While renewals succeed: when the oldest lease held was renewed TTL/3 ago (TTL/3
+        from now without agents), so a pass that took long (a busy host renewing
+        tens of thousands of leases, chunk after chunk) does not push the next one a
+        full TTL/3 further. After a failure the leases are in danger, so the next
+        attempt comes sooner, not later: 1 s doubling, but never more than TTL/10.
+        Either way no wait ends later than TTL/10 before the earliest expiry of a
+        lease held here, so with TTL 10 s two failed renewals still leave several
+        attempts before any lease lapses.
         """
         danger = self.lease_ttl * RENEWAL_DANGER_FRACTION
         if self._renewal_failures:
@@ -1198,6 +1201,9 @@ class HostRuntime:
             delay = self.lease_ttl / 3
         if self._entries:
             now = self._clock()
+            oldest = min(self._entries.values(), key=lambda entry: entry.installed_at)
+            if not self._renewal_failures:
+                delay = max(oldest.installed_at + self.lease_ttl / 3 - now, 0.0)
             left = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values()) - now
             if left > danger:
                 delay = min(delay, left - danger)

@@ -367,6 +367,22 @@ async def test_a_new_lease_is_dated_from_when_it_was_requested(ledger: Ledger, t
         assert host._entries["c/1"].installed_at == requested_at
 
 
+async def test_the_next_renewal_is_due_a_third_of_the_ttl_after_the_oldest_lease_was_renewed(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    # A pass that takes long (a busy host renewing 50,000 leases took 6.5 s) must not
+    # push the next one a full TTL/3 further: B4 lost every lease renewed late in a pass.
+    register(ledger, "c/1")
+    clock = ManualClock()
+    client = FaultyLedgerClient(ledger, during={"renew": lambda: clock.advance(2.0)})  # a 2 s renewal
+    async with host_on(client, tmp_path, clock=clock, lease_ttl=9.0) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        assert host._renewal_delay() == pytest.approx(3.0)
+        clock.advance(3.0)
+        await host._renewal_attempt()
+        assert host._renewal_delay() == pytest.approx(1.0)  # renewed as sent, 2 s ago
+
+
 async def test_a_lease_survives_two_failed_renewals(tmp_path: Path) -> None:
     clock = ManualClock()
     ledger = Ledger(tmp_path / "ledger.sqlite", clock=clock)  # the ledger's lease expiry runs on the same clock
