@@ -1141,7 +1141,9 @@ class HostRuntime:
         self._events.unsubscribe(identity, subscription)
 
     def _emit(self, identity: str, kind: EventKind, **details: Any) -> None:
-        self._events.emit(IdentityEvent(identity=identity, kind=kind, host=self.name, **details))
+        # Built only for a listener: a renewal emits one per lease, tens of thousands at a time.
+        if self._events.listened(identity):
+            self._events.emit(IdentityEvent(identity=identity, kind=kind, host=self.name, **details))
 
     # -- background work ------------------------------------------------------------
 
@@ -1169,8 +1171,7 @@ class HostRuntime:
                 await self._drop(entry, reason="lease lost at renewal")
                 continue
             entry.installed_at = sent_at
-            if self._events.listened(identity):
-                self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
+            self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
             count += 1
         self._counters["lease_renewals"] += count
         if count:
@@ -1200,11 +1201,10 @@ class HostRuntime:
         else:
             delay = self.lease_ttl / 3
         if self._entries:
-            now = self._clock()
-            oldest = min(self._entries.values(), key=lambda entry: entry.installed_at)
+            left = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values()) - self._clock()
             if not self._renewal_failures:
-                delay = max(oldest.installed_at + self.lease_ttl / 3 - now, 0.0)
-            left = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values()) - now
+                # The oldest lease was renewed TTL/3 ago when TTL*2/3 of it is left.
+                delay = max(left - self.lease_ttl * 2 / 3, 0.0)
             if left > danger:
                 delay = min(delay, left - danger)
         return delay

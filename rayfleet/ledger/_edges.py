@@ -52,7 +52,9 @@ def apply(tx: Transaction, change: TopologyChange) -> None:
 
 
 def wired_peers(tx: Transaction, identities: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    return {identity: _views.wired_peers(tx, identity) for identity in identities}
+    names = list(identities)
+    found = _views.wired_peers_of(tx, _views.presented(names))
+    return {identity: found.get(identity, ()) for identity in names}
 
 
 def drop(tx: Transaction, identity: str) -> None:

@@ -314,7 +314,7 @@ class Ledger:
 
     def dedup_window(self, identity: str) -> list[tuple[str, bytes]]:
         """The remembered idempotency keys of an identity, oldest first, with their replies."""
-        return self._db.read(lambda tx: _views.dedup_rows(tx, identity))
+        return self._db.read(lambda tx: _views.dedup_rows_of(tx, [identity]).get(identity, []))
 
     def referenced_snapshot_files(self) -> set[str]:
         """Every file some continuity record points at (the GC keeps these)."""

@@ -1,6 +1,7 @@
-"""Reads of one identity across the tables: its row, continuity record, lease, pause flag, peers.
+"""Reads of identities across the tables: their rows, continuity records, leases, pause flags, peers.
 
-Reads only, inside the caller's transaction, so a view is consistent with whatever the
+Reads of many identities (:func:`views`, :func:`wired_peers_of`, :func:`dedup_rows_of`) take
+one statement each and return one row, a JSON document. Reads only, inside the caller's transaction, so a view is consistent with whatever the
 same transaction checks or writes.
 """
 
@@ -22,9 +23,14 @@ def exists(tx: Transaction, identity: str) -> bool:
 def lease(tx: Transaction, identity: str, now: float) -> LeaseView | None:
     """The live lease on ``identity``, or ``None`` when there is none or it has expired."""
     row = tx.execute("SELECT holder, token, ttl, expires_at FROM leases WHERE identity = ?", (identity,)).fetchone()
-    if row is None or row[3] - now <= 0:
+    return None if row is None else _live_lease(*row, now=now)
+
+
+def _live_lease(holder: str | None, token: int, ttl: float, expires_at: float, *, now: float) -> LeaseView | None:
+    """A lease row (``holder`` ``None``: no row) as seen at ``now``: ``None`` unless it is live."""
+    if holder is None or expires_at - now <= 0:
         return None
-    return LeaseView(holder=row[0], fencing_token=row[1], ttl=row[2], expires_in=row[3] - now)
+    return LeaseView(holder=holder, fencing_token=token, ttl=ttl, expires_in=expires_at - now)
 
 
 def continuity(
@@ -38,30 +44,24 @@ def continuity(
     ).fetchone()
     if row is None:
         return None, None
+    return _continuity_of(identity, *row[:7], inline=None if row[7] is None else bytes(row[7]))
+
+
+def _continuity_of(
+    identity: str, runtime_id: str | None, session_id: str, generation: int, version: int, fence: int,
+    file: str | None, file_row: int | None, *, inline: bytes | None,
+) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
+    """A continuity row's record and snapshot pointer (``runtime_id`` ``None``: no row)."""
+    if runtime_id is None:
+        return None, None
     record = ContinuityRecord(
-        identity=identity, runtime_id=row[0], session_id=row[1], generation=row[2],
-        checkpoint_version=row[3], fence=row[4],
+        identity=identity, runtime_id=runtime_id, session_id=session_id, generation=generation,
+        checkpoint_version=version, fence=fence,
     )
-    pointer = None if row[5] is None else SnapshotPointer(
-        file=row[5], row=row[6], version=row[3], inline=None if row[7] is None else bytes(row[7]),
+    pointer = None if file is None or file_row is None else SnapshotPointer(
+        file=file, row=file_row, version=version, inline=inline,
     )
     return record, pointer
-
-
-def wired_peers(tx: Transaction, identity: str) -> tuple[str, ...]:
-    return tuple(
-        row[0] for row in tx.execute(
-            "SELECT b FROM edges WHERE a = ? UNION SELECT a FROM edges WHERE b = ? ORDER BY 1", (identity, identity)
-        )
-    )
-
-
-def dedup_rows(tx: Transaction, identity: str) -> list[tuple[str, bytes]]:
-    """The remembered idempotency keys of ``identity`` with their pickled replies, oldest first."""
-    return [
-        (row[0], bytes(row[1]))
-        for row in tx.execute("SELECT key, reply FROM dedup WHERE identity = ? ORDER BY seq", (identity,))
-    ]
 
 
 def presented(identities: Iterable[str]) -> str:
@@ -77,10 +77,6 @@ def json_rows(tx: Transaction, sql: str, parameters: Sequence[Any]) -> list[list
     """
     row = tx.execute(sql, parameters).fetchone()
     return [] if row is None or row[0] is None else list(json.loads(row[0]))
-
-
-def _blob(value: str | None) -> bytes | None:
-    return None if value is None else bytes.fromhex(value)
 
 
 def views(
@@ -110,19 +106,12 @@ def views(
     for (identity, spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, declared, runtime_id,
          session_id, generation, version, fence, file, file_row, state, holder, token, ttl, expires_at,
          paused) in rows:
-        record = None if runtime_id is None else ContinuityRecord(
-            identity=identity, runtime_id=runtime_id, session_id=session_id, generation=generation,
-            checkpoint_version=version, fence=fence,
-        )
-        pointer = None if record is None or file is None else SnapshotPointer(
-            file=file, row=file_row, version=version, inline=_blob(state),
-        )
-        live = holder is not None and expires_at - now > 0
+        record, pointer = _continuity_of(identity, runtime_id, session_id, generation, version, fence, file,
+                                         file_row, inline=None if state is None else bytes.fromhex(state))
         found[identity] = IdentityView(
             identity=identity, spec=bytes.fromhex(spec), fingerprint=fingerprint, agent_class=agent_class,
             labels=json.loads(labels), addressability=addressability, lifecycle=lifecycle, reason=reason,
-            continuity=record, snapshot=pointer,
-            lease=LeaseView(holder=holder, fencing_token=token, ttl=ttl, expires_in=expires_at - now) if live else None,
+            continuity=record, snapshot=pointer, lease=_live_lease(holder, token, ttl, expires_at, now=now),
             paused=paused is not None, declared_peers=tuple(json.loads(declared)),
             wired_peers=peers.get(identity, ()),
         )
@@ -154,6 +143,3 @@ def dedup_rows_of(tx: Transaction, identities: Iterable[str]) -> dict[str, list[
         grouped.setdefault(identity, []).append((key, bytes.fromhex(reply)))
     return grouped
 
-
-def view(tx: Transaction, identity: str, now: float, *, with_state: bool = False) -> IdentityView | None:
-    return views(tx, (identity,), now, with_state=with_state).get(identity)
