@@ -1,8 +1,9 @@
 """Reads of identities across the tables: their rows, continuity records, leases, pause flags, peers.
 
 Reads of many identities (:func:`views`, :func:`wired_peers_of`, :func:`dedup_rows_of`)
-take one statement each and return one row, a JSON document. Reads only, inside the caller's transaction, so a view is consistent with whatever the
-same transaction checks or writes.
+take one statement each and return one row, a JSON document. Reads only, inside the
+caller's transaction, so a view is consistent with whatever the same transaction
+checks or writes.
 """
 
 from __future__ import annotations
