@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from ..identity._values import IdentityEvent
 
@@ -86,6 +86,10 @@ class EventHub:
     def listened(self, identity: str) -> bool:
         """Whether anyone subscribes to ``identity``: emitters with many events to build ask first."""
         return identity in self._subscribers
+
+    def listened_among(self, identities: Collection[str]) -> list[str]:
+        """Those of ``identities`` someone subscribes to, found in time proportional to the subscribed ones."""
+        return [identity for identity in self._subscribers if identity in identities]
 
     def emit(self, event: IdentityEvent) -> None:
         for subscription in self._subscribers.get(event.identity, ()):

@@ -24,8 +24,10 @@ What the runtime guarantees, and why:
 * A retired or broken identity is never hosted: activation refuses it with
   ``InvalidStateError``. A snapshot that cannot be read marks only its own identity
   broken; the rest of the host keeps serving.
-* One renewal loop renews every lease of the host every TTL/3, in batched ledger
-  calls of :data:`RENEWAL_CHUNK` leases, so a new lease needs no wake-up of its own. After a failed renewal it
+* One renewal loop renews every lease of the host every TTL/3, so a new lease needs
+  no wake-up of its own: with one write of the host's holder row while that row is
+  live, else lease by lease (:data:`RENEWAL_CHUNK` per ledger call) before the row is
+  armed again, which is how a host learns which leases it lost. After a failed renewal it
   retries sooner (within TTL/10), and no wait ends later than TTL/10 before the
   earliest expiry of a lease held, so a short ledger outage does not let leases
   lapse. Each turn also checks its own lease before it runs and renews on the spot
@@ -399,6 +401,12 @@ class HostRuntime:
         self._started = False
         self.draining = False
         self._renewal_failures = 0
+        self._holder_armed = False
+        """Whether the ledger keeps this host's leases through its holder row (see :meth:`renew_once`)."""
+        self._holder_expiry = -math.inf
+        """Every lease held here lives at least until this (monotonic seconds): the holder row's last renewal."""
+        self._unreleased: dict[str, int] = {}
+        """Leases whose release failed; retried with each renewal, since a live holder row keeps them."""
         self._counters = dict.fromkeys(
             ("activations", "deactivations", "lease_renewals", "leases_lost", "stale_refusals"), 0
         )
@@ -525,8 +533,12 @@ class HostRuntime:
             raise RuntimeError("this host has no router; agents cannot send to peers here")
         return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs)
 
+    def _lease_expiry(self, entry: HostedAgent) -> float:
+        """When ``entry``'s lease expires by this host's clock: its own date or the holder row's, whichever is later."""
+        return max(entry.installed_at + entry.grant.ttl, self._holder_expiry)
+
     async def _ensure_healthy_lease(self, entry: HostedAgent) -> None:
-        remaining = entry.grant.ttl - (self._clock() - entry.installed_at)
+        remaining = self._lease_expiry(entry) - self._clock()
         if lease_is_healthy(entry.grant.ttl, remaining):
             return
         # The ledger extends the lease from when it handles the call, which is no earlier
@@ -1042,8 +1054,11 @@ class HostRuntime:
     async def _release(self, tokens: dict[str, int]) -> None:
         try:
             await self._ledger.release(holder=self.holder, tokens=tokens)
-        except Exception as error:  # noqa: BLE001 - the lease then lapses by TTL; nothing is unsafe
-            log.warning("releasing leases %s failed: %s", sorted(tokens), error)
+        except Exception as error:  # noqa: BLE001 - nothing is unsafe: fencing refuses a later owner's rival
+            # While this host's holder row lives the ledger keeps these leases too, so the
+            # renewal loop retries; should this host die first, they lapse with the row.
+            self._unreleased.update(tokens)
+            log.warning("releasing leases %s failed (retried with the next renewal): %s", sorted(tokens)[:10], error)
 
     # -- lifecycle operations (fence before effect) ---------------------------------
 
@@ -1148,15 +1163,45 @@ class HostRuntime:
     # -- background work ------------------------------------------------------------
 
     async def renew_once(self) -> int:
-        """Renew every lease this host holds, :data:`RENEWAL_CHUNK` per ledger call; drop agents whose lease is lost.
+        """Renew every lease this host holds; drop agents whose lease is lost. Returns how many were renewed.
 
-        A failed call raises after the chunks before it were renewed (their leases keep
-        their new dates).
+        While this host's holder row in the ledger is live, one write renewing the row
+        renews every lease (see ``_leases.renew_holder``): no lease of a live holder can
+        have lapsed, so none was lost. Otherwise (the first pass, or the row lapsed:
+        this host was frozen or cut off for a TTL, or was declared dead) each lease is
+        renewed by itself, :data:`RENEWAL_CHUNK` per ledger call, agents whose lease is
+        gone are dropped, and then the row is armed again. A failed call raises after
+        the chunks before it were renewed (their leases keep their new dates).
+        Releases that failed earlier are retried first.
         """
+        if self._unreleased:
+            tokens, self._unreleased = self._unreleased, {}
+            await self._release(tokens)
+        if self._holder_armed:
+            sent_at = self._clock()
+            if await self._ledger.renew_holder(holder=self.holder, ttl=self.lease_ttl):
+                self._holder_expiry = sent_at + self.lease_ttl
+                for identity in self._events.listened_among(self._entries):
+                    token = self._entries[identity].grant.fencing_token
+                    self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
+                return self._count_renewals(len(self._entries))
+            self._holder_armed = False
+            log.warning("the holder row of %s had lapsed; renewing its %d leases one by one", self.name,
+                        len(self._entries))
         held = [(identity, entry.grant.fencing_token) for identity, entry in self._entries.items()]
         count = 0
         for start in range(0, len(held), RENEWAL_CHUNK):
             count += await self._renew_chunk(dict(held[start:start + RENEWAL_CHUNK]))
+        sent_at = self._clock()
+        await self._ledger.arm_holder(holder=self.holder, ttl=self.lease_ttl)
+        self._holder_armed = True
+        self._holder_expiry = sent_at + self.lease_ttl
+        return count
+
+    def _count_renewals(self, count: int) -> int:
+        self._counters["lease_renewals"] += count
+        if count:
+            self._metrics.lease_renewals(count)
         return count
 
     async def _renew_chunk(self, held: dict[str, int]) -> int:
@@ -1173,10 +1218,7 @@ class HostRuntime:
             entry.installed_at = sent_at
             self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
             count += 1
-        self._counters["lease_renewals"] += count
-        if count:
-            self._metrics.lease_renewals(count)
-        return count
+        return self._count_renewals(count)
 
     async def _renewal_loop(self) -> None:
         while True:
@@ -1201,7 +1243,8 @@ class HostRuntime:
         else:
             delay = self.lease_ttl / 3
         if self._entries:
-            left = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values()) - self._clock()
+            oldest = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values())
+            left = max(oldest, self._holder_expiry) - self._clock()
             if not self._renewal_failures:
                 # The oldest lease was renewed TTL/3 ago when TTL*2/3 of it is left.
                 delay = max(left - self.lease_ttl * 2 / 3, 0.0)
@@ -1245,7 +1288,7 @@ class HostRuntime:
         for entry in list(self._entries.values()):
             if entry.dropped:
                 continue
-            expires_at = entry.installed_at + entry.grant.ttl
+            expires_at = self._lease_expiry(entry)
             if now >= expires_at:
                 # Expired by this host's own clock (it was frozen, or the ledger is out of
                 # reach): another host may own it now, so stop serving it, turn or no turn.

@@ -125,6 +125,14 @@ class LedgerClient(Protocol):
         """Extend leases still held with the same token by their TTL; returns the presented identities lost."""
         ...
 
+    def renew_holder(self, *, holder: str, ttl: float) -> LedgerCall[bool]:
+        """Extend every lease of a live holder in one write; ``False`` (nothing changed) once it lapsed."""
+        ...
+
+    def arm_holder(self, *, holder: str, ttl: float) -> LedgerCall[int]:
+        """Make a holder live after renewing its leases one by one; drops (and counts) its lapsed leases."""
+        ...
+
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
         """Give up leases still held with the given tokens; returns how many."""
         ...

@@ -10,6 +10,11 @@
 * A grant also stamps the continuity record with its token: the fence advances in the
   commit that grants, so there is no moment in which a grant exists and the previous
   owner could still write.
+* A lease lives until its own date, or while its holder's row in ``holders`` is live,
+  whichever is later. A host renews that one row instead of each of its leases
+  (:func:`renew_holder`); the row is only renewed while live, and armed again only
+  after the holder renewed each lease it still hosts (:func:`renew`, which names the
+  lost ones), so a row never keeps a lease that lapsed and was granted elsewhere.
 * Leases found live when the ledger opens are extended to one TTL from then
   (lock-delay): the ledger cannot know whether their holders are alive, and moving a
   live owner's agents would fence it needlessly. Leases already expired then are left
@@ -46,11 +51,12 @@ def apply_lock_delay(tx: Transaction, now: float) -> None:
     before the ledger went down, so reviving it would only keep the identity
     unavailable for one more TTL after every restart.
     """
-    tx.execute(
-        "UPDATE leases SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
-        "WHERE expires_at > ?",
-        (now, now, now),
-    )
+    for table in ("leases", "holders"):
+        tx.execute(
+            f"UPDATE {table} SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
+            "WHERE expires_at > ?",
+            (now, now, now),
+        )
 
 
 def next_token(tx: Transaction, *, table: str, key: str, value: str) -> int:
@@ -128,8 +134,8 @@ def acquire(
     found = {
         identity: (lease_holder, expires_at, has_record)
         for identity, lease_holder, expires_at, has_record in _views.json_rows(tx, (
-            f"SELECT {dialect.rows_json('i.identity', 'l.holder', 'l.expires_at', 'c.identity')} "
-            "FROM identities i LEFT JOIN leases l ON l.identity = i.identity "
+            f"SELECT {dialect.rows_json('i.identity', 'l.holder', _views.LEASE_EXPIRES, 'c.identity')} "
+            f"FROM identities i LEFT JOIN leases l ON l.identity = i.identity {_views.HOLDER_OF_LEASE} "
             "LEFT JOIN continuity c ON c.identity = i.identity WHERE i.identity IN (SELECT key FROM json_each(?))"
         ), (_views.presented(wanted),))
     }
@@ -227,10 +233,40 @@ def release(tx: Transaction, *, holder: str, tokens: Mapping[str, int]) -> int:
                           (holder, _presented(tokens))).rowcount)
 
 
+def renew_holder(tx: Transaction, *, holder: str, ttl: float, now: float) -> bool:
+    """Keep every lease ``holder`` holds live until ``ttl`` from ``now``, in one row write, if ``holder`` is live.
+
+    ``False`` (and nothing written) when the holder's row has lapsed or was never
+    armed: then some of its leases may have lapsed too and been granted to others,
+    so the holder must renew each lease it still hosts (:func:`renew`, which names
+    the lost ones) and then :func:`arm_holder`. A live row means no lease of the
+    holder lapsed since the row was armed, so nothing was taken from it.
+    """
+    return tx.execute("UPDATE holders SET ttl = ?, expires_at = ? + ? WHERE holder = ? AND expires_at > ?",
+                      (ttl, now, ttl, holder, now)).rowcount == 1
+
+
+def arm_holder(tx: Transaction, *, holder: str, ttl: float, now: float) -> int:
+    """Make ``holder``'s row live until ``ttl`` from ``now``, so that :func:`renew_holder` keeps its leases.
+
+    Leases of ``holder`` that have lapsed by their own date are deleted first (how
+    many is returned): the holder renewed every lease it still hosts just before,
+    so those are ones it no longer hosts (a release that failed), and a live row
+    must not revive them. Lapsed rows of any holder go too: they extend nothing.
+    """
+    if renew_holder(tx, holder=holder, ttl=ttl, now=now):
+        return 0
+    lapsed = tx.execute("DELETE FROM leases WHERE holder = ? AND expires_at <= ?", (holder, now)).rowcount
+    tx.execute("DELETE FROM holders WHERE expires_at <= ?", (now,))
+    tx.execute("INSERT INTO holders (holder, ttl, expires_at) VALUES (?, ?, ?)", (holder, ttl, now + ttl))
+    return int(lapsed)
+
+
 def free_holder(tx: Transaction, holder: str) -> list[str]:
-    """Drop every lease of ``holder``; returns the freed identities, sorted."""
+    """Drop every lease of ``holder`` and its liveness row; returns the freed identities, sorted."""
     freed = [row[0] for row in tx.execute("SELECT identity FROM leases WHERE holder = ? ORDER BY identity", (holder,))]
     tx.execute("DELETE FROM leases WHERE holder = ?", (holder,))
+    tx.execute("DELETE FROM holders WHERE holder = ?", (holder,))
     return freed
 
 

@@ -247,6 +247,23 @@ class Ledger:
         """
         return self._db.write(lambda tx: _leases.renew(tx, holder=holder, tokens=tokens, now=self._now(tx)))
 
+    def renew_holder(self, *, holder: str, ttl: float) -> bool:
+        """Keep every lease ``holder`` holds live for ``ttl`` more seconds, in one row write, if the holder is live.
+
+        ``False`` (nothing changed) when the holder's liveness lapsed or was never
+        armed: renew each lease still hosted with :meth:`renew`, then :meth:`arm_holder`.
+        See :func:`rayfleet.ledger._leases.renew_holder`.
+        """
+        return self._db.write(lambda tx: _leases.renew_holder(tx, holder=holder, ttl=ttl, now=self._now(tx)))
+
+    def arm_holder(self, *, holder: str, ttl: float) -> int:
+        """Make ``holder`` live for ``ttl`` seconds, first dropping its lapsed leases; returns how many it dropped.
+
+        Call it right after renewing every lease the holder still hosts. See
+        :func:`rayfleet.ledger._leases.arm_holder`.
+        """
+        return self._db.write(lambda tx: _leases.arm_holder(tx, holder=holder, ttl=ttl, now=self._now(tx)))
+
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> int:
         """Give up leases (only those still held with the given token); returns how many."""
         return self._db.write(lambda tx: _leases.release(tx, holder=holder, tokens=tokens))

@@ -204,6 +204,12 @@ class LocalLedgerClient:
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
         return self._submit(self._lease_keeper, self.ledger.renew, holder=holder, tokens=tokens)
 
+    def renew_holder(self, *, holder: str, ttl: float) -> LedgerCall[bool]:
+        return self._submit(self._lease_keeper, self.ledger.renew_holder, holder=holder, ttl=ttl)
+
+    def arm_holder(self, *, holder: str, ttl: float) -> LedgerCall[int]:
+        return self._submit(self._lease_keeper, self.ledger.arm_holder, holder=holder, ttl=ttl)
+
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
         return self._submit(self._lease_keeper, self.ledger.release, holder=holder, tokens=tokens)
 

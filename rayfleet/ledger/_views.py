@@ -21,9 +21,20 @@ def exists(tx: Transaction, identity: str) -> bool:
     return tx.execute("SELECT 1 FROM identities WHERE identity = ?", (identity,)).fetchone() is not None
 
 
+HOLDER_OF_LEASE = "LEFT JOIN holders h ON h.holder = l.holder"
+"""Joins each lease ``l`` to its holder's liveness row ``h`` (none for a holder that keeps no such row)."""
+LEASE_EXPIRES = "CASE WHEN h.expires_at > l.expires_at THEN h.expires_at ELSE l.expires_at END"
+"""When lease ``l`` (joined by :data:`HOLDER_OF_LEASE`) expires: its own date, or its holder's if later.
+
+A lease lives while either is ahead: a grant or a renewal of the lease dates the
+lease, a renewal of its holder dates every lease the holder holds (see
+``_leases.renew_holder``)."""
+
+
 def lease(tx: Transaction, identity: str, now: float) -> LeaseView | None:
     """The live lease on ``identity``, or ``None`` when there is none or it has expired."""
-    row = tx.execute("SELECT holder, token, ttl, expires_at FROM leases WHERE identity = ?", (identity,)).fetchone()
+    row = tx.execute(f"SELECT l.holder, l.token, l.ttl, {LEASE_EXPIRES} FROM leases l {HOLDER_OF_LEASE} "
+                     "WHERE l.identity = ?", (identity,)).fetchone()
     return None if row is None else _live_lease(*row, now=now)
 
 
@@ -95,11 +106,12 @@ def views(
         "i.identity", dialect.hex_of("i.spec"), "i.fingerprint", "i.agent_class", "i.labels", "i.lifecycle",
         "i.reason", "i.addressability", "i.peers", "c.runtime_id", "c.session_id", "c.generation",
         "c.checkpoint_version", "c.fence", "c.snapshot_file", "c.snapshot_row", inline, "l.holder", "l.token",
-        "l.ttl", "l.expires_at", "p.identity",
+        "l.ttl", LEASE_EXPIRES, "p.identity",
     )
     rows = json_rows(tx, (
         f"SELECT {columns} FROM identities i LEFT JOIN continuity c ON c.identity = i.identity "
-        "LEFT JOIN leases l ON l.identity = i.identity LEFT JOIN paused p ON p.identity = i.identity "
+        f"LEFT JOIN leases l ON l.identity = i.identity {HOLDER_OF_LEASE} "
+        "LEFT JOIN paused p ON p.identity = i.identity "
         "WHERE i.identity IN (SELECT key FROM json_each(?))"
     ), (wanted,))
     peers = wired_peers_of(tx, wanted)

@@ -155,6 +155,12 @@ class LedgerActor:
     def renew(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.renew, args, kwargs)
 
+    def renew_holder(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.renew_holder, args, kwargs)
+
+    def arm_holder(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.arm_holder, args, kwargs)
+
     def release(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.release, args, kwargs)
 
@@ -392,6 +398,12 @@ class RayLedgerClient:
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
         return _RayCall(self.actor.renew.remote(holder=holder, tokens=tokens))
+
+    def renew_holder(self, *, holder: str, ttl: float) -> LedgerCall[bool]:
+        return _RayCall(self.actor.renew_holder.remote(holder=holder, ttl=ttl))
+
+    def arm_holder(self, *, holder: str, ttl: float) -> LedgerCall[int]:
+        return _RayCall(self.actor.arm_holder.remote(holder=holder, ttl=ttl))
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
         return _RayCall(self.actor.release.remote(holder=holder, tokens=tokens))

@@ -24,7 +24,7 @@ from rayfleet.host._runtime import HostRuntime
 from rayfleet.identity._values import LeaseDenied
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
-from rayfleet.ledger._values import SpecRecord
+from rayfleet.ledger._values import Activation, SpecRecord
 from rayfleet.testing import ManualClock
 
 
@@ -98,6 +98,15 @@ class FaultyLedgerClient(LocalLedgerClient):
 
     def renew(self, **kwargs: Any) -> Any:  # type: ignore[override]
         return self._intercept("renew", lambda: LocalLedgerClient.renew(self, **kwargs))
+
+    def renew_holder(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._intercept("renew_holder", lambda: LocalLedgerClient.renew_holder(self, **kwargs))
+
+    def arm_holder(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._intercept("arm_holder", lambda: LocalLedgerClient.arm_holder(self, **kwargs))
+
+    def release(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._intercept("release", lambda: LocalLedgerClient.release(self, **kwargs))
 
     def park(self, **kwargs: Any) -> Any:  # type: ignore[override]
         return self._intercept("park", lambda: LocalLedgerClient.park(self, **kwargs))
@@ -374,24 +383,91 @@ async def test_the_next_renewal_is_due_a_third_of_the_ttl_after_the_oldest_lease
     # push the next one a full TTL/3 further: B4 lost every lease renewed late in a pass.
     register(ledger, "c/1")
     clock = ManualClock()
-    client = FaultyLedgerClient(ledger, during={"renew": lambda: clock.advance(2.0)})  # a 2 s renewal
+    slow = {"renew": lambda: clock.advance(2.0), "renew_holder": lambda: clock.advance(2.0)}  # 2 s renewals
+    client = FaultyLedgerClient(ledger, during=slow)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=9.0) as host:
         await host.deliver("c/1", "add", (), {"n": 1})
         assert host._renewal_delay() == pytest.approx(3.0)
         clock.advance(3.0)
-        await host._renewal_attempt()
+        await host._renewal_attempt()  # lease by lease, then the holder row is armed as the pass ends
+        assert host._renewal_delay() == pytest.approx(3.0)
+        clock.advance(3.0)
+        await host._renewal_attempt()  # the holder row
+        assert client.calls["renew"] == 1 and client.calls["renew_holder"] == 1
         assert host._renewal_delay() == pytest.approx(1.0)  # renewed as sent, 2 s ago
 
 
-async def test_a_lease_survives_two_failed_renewals(tmp_path: Path) -> None:
+async def test_once_its_holder_row_is_armed_a_host_renews_every_lease_with_one_write(tmp_path: Path) -> None:
+    clock = ManualClock()
+    ledger = Ledger(tmp_path / "ledger.sqlite", clock=clock)
+    for index in range(3):
+        register(ledger, f"c/{index}")
+    client = FaultyLedgerClient(ledger)
+    async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
+        await asyncio.gather(*(host.deliver(f"c/{index}", "add", (), {"n": 1}) for index in range(3)))
+        assert await host.renew_once() == 3  # lease by lease, then the row is armed
+        assert (client.calls["renew"], client.calls["arm_holder"]) == (1, 1)
+        for _ in range(4):  # four TTL/3 periods: every lease's own date is long past
+            clock.advance(host._renewal_delay())
+            assert await host.renew_once() == 3
+        assert (client.calls["renew"], client.calls["renew_holder"]) == (1, 4)
+        rival = ledger.acquire(holder="rival", identities=["c/0", "c/1", "c/2"], ttl=10.0)
+        assert all(isinstance(outcome, LeaseDenied) for outcome in rival.values())
+        assert (await host.deliver("c/0", "add", (), {"n": 1})).value == 2  # no turn needed a renewal of its own
+        assert client.calls["renew"] == 1
+
+
+async def test_a_host_whose_holder_row_lapsed_drops_what_was_taken_and_keeps_the_rest(tmp_path: Path) -> None:
+    clock = ManualClock()
+    ledger = Ledger(tmp_path / "ledger.sqlite", clock=clock)
+    register(ledger, "c/1")
+    register(ledger, "c/2")
+    client = FaultyLedgerClient(ledger)
+    async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        await host.deliver("c/2", "add", (), {"n": 1})
+        await host.renew_once()
+        clock.advance(11.0)  # frozen for longer than a TTL: the row lapsed, and a rival took c/1
+        assert isinstance(ledger.acquire(holder="rival", identities=["c/1"], ttl=10.0)["c/1"], Activation)
+        assert await host.renew_once() == 1
+        assert host.active_identities() == ["c/2"] and host.statistics().leases_lost == 1
+        assert (client.calls["renew_holder"], client.calls["renew"], client.calls["arm_holder"]) == (1, 2, 2)
+        clock.advance(host._renewal_delay())
+        assert await host.renew_once() == 1 and client.calls["renew_holder"] == 2
+        assert isinstance(ledger.acquire(holder="rival", identities=["c/2"], ttl=10.0)["c/2"], LeaseDenied)
+
+
+async def test_a_release_that_failed_is_retried_with_the_next_renewal(tmp_path: Path) -> None:
+    # A live holder row keeps every lease its holder still holds, a release that failed
+    # included: without a retry the identity would stay with a host that no longer hosts it.
+    clock = ManualClock()
+    ledger = Ledger(tmp_path / "ledger.sqlite", clock=clock)
+    register(ledger, "c/1")
+    client = FaultyLedgerClient(ledger)
+    async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
+        await host.deliver("c/1", "add", (), {"n": 1})
+        await host.renew_once()
+        client.fail["release"].append(outage())
+        await host.deactivate("c/1")
+        assert ledger.leases(["c/1"])["c/1"] is not None
+        await host.renew_once()
+        assert client.calls["release"] == 2
+        assert ledger.leases(["c/1"])["c/1"] is None
+
+
+@pytest.mark.parametrize("renewal", ["renew", "renew_holder"])
+async def test_a_lease_survives_two_failed_renewals(tmp_path: Path, renewal: str) -> None:
+    # "renew": the host's first pass, lease by lease; "renew_holder": once its holder row is armed.
     clock = ManualClock()
     ledger = Ledger(tmp_path / "ledger.sqlite", clock=clock)  # the ledger's lease expiry runs on the same clock
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
         await host.deliver("c/1", "add", (), {"n": 1})
+        if renewal == "renew_holder":
+            assert await host.renew_once() == 1
         expires_at = clock.now + 10.0
-        client.fail["renew"] += [outage(), outage()]
+        client.fail[renewal] += [outage(), outage()]
         for attempt in (1, 2, 3):
             delay = host._renewal_delay()
             assert clock.now + delay < expires_at, f"attempt {attempt} would come after the lease expired"
@@ -399,6 +475,6 @@ async def test_a_lease_survives_two_failed_renewals(tmp_path: Path) -> None:
             rival = ledger.acquire(holder="rival", identities=["c/1"], ttl=10.0)["c/1"]
             assert isinstance(rival, LeaseDenied), f"the lease lapsed before renewal attempt {attempt}"
             await host._renewal_attempt()
-        assert client.calls["renew"] == 3 and host.is_active("c/1")
+        assert client.calls[renewal] == 3 and host.is_active("c/1")
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.lease is not None and view.lease.holder == host.holder

@@ -515,6 +515,113 @@ def test_revoke_holder_with_no_leases_returns_empty(ledger):
     assert ledger.revoke_holder("nobody") == []
 
 
+# -- holder liveness: one row keeps every lease of its holder ---------------------------
+
+
+def test_a_live_holder_row_keeps_every_lease_of_its_holder(ledger, clock):
+    register(ledger)
+    register(ledger, "b")
+    grant(ledger, "A")
+    grant(ledger, "A", "b")
+    assert ledger.arm_holder(holder="A", ttl=TTL) == 0
+    for _ in range(3):  # three TTLs, the leases' own dates long past
+        clock.advance(TTL * 0.8)
+        assert ledger.renew_holder(holder="A", ttl=TTL) is True
+    for identity in ("a", "b"):
+        denied = ledger.acquire(holder="B", identities=[identity], ttl=TTL)[identity]
+        assert isinstance(denied, LeaseDenied) and denied.holder == "A"
+        assert denied.expires_in == pytest.approx(TTL)
+    lease = ledger.leases(["a"])["a"]
+    assert lease is not None and lease.holder == "A" and lease.expires_in == pytest.approx(TTL)
+    assert ledger.resolve(["b"])["b"].lease.expires_in == pytest.approx(TTL)
+
+
+def test_a_holder_row_keeps_only_the_leases_its_holder_holds(ledger, clock):
+    register(ledger)
+    register(ledger, "b")
+    g = grant(ledger, "A")
+    grant(ledger, "A", "b")
+    ledger.arm_holder(holder="A", ttl=TTL)
+    ledger.release(holder="A", tokens={"a": g.fencing_token})
+    assert grant(ledger, "B").holder == "B"  # released: free at once, the live row of A notwithstanding
+    clock.advance(TTL * 2)
+    ledger.renew_holder(holder="B", ttl=TTL)  # B keeps no row: nothing to renew, nothing renewed
+    assert isinstance(ledger.acquire(holder="C", identities=["a"], ttl=TTL)["a"], Activation)
+
+
+def test_a_lapsed_holder_row_renews_nothing_and_its_leases_can_be_taken(ledger, clock):
+    register(ledger)
+    register(ledger, "b")
+    old = grant(ledger, "A")
+    held = grant(ledger, "A", "b")
+    ledger.arm_holder(holder="A", ttl=TTL)
+    clock.advance(TTL + 1)  # A was frozen for a TTL
+    taken = grant(ledger, "B")
+    assert taken.fencing_token > old.fencing_token
+    assert ledger.renew_holder(holder="A", ttl=TTL) is False  # and nothing changed: b stays takeable
+    assert ledger.leases(["b"])["b"] is None
+    # A renews what it still hosts lease by lease (learning that a is lost), then arms its row again.
+    assert ledger.renew(holder="A", tokens={"a": old.fencing_token, "b": held.fencing_token}) == {"a"}
+    assert ledger.arm_holder(holder="A", ttl=TTL) == 0
+    clock.advance(TTL * 0.8)
+    assert ledger.renew_holder(holder="A", ttl=TTL) is True
+    clock.advance(TTL * 0.8)
+    assert isinstance(ledger.acquire(holder="C", identities=["b"], ttl=TTL)["b"], LeaseDenied)
+
+
+def test_arming_a_holder_drops_its_lapsed_leases_so_the_row_cannot_revive_them(ledger, clock):
+    # A lease whose release failed stays with its holder; once lapsed, a live row must
+    # not bring it back, or the identity would stay with a host that no longer hosts it.
+    register(ledger)
+    register(ledger, "b")
+    grant(ledger, "A")
+    held = grant(ledger, "A", "b")
+    clock.advance(TTL + 1)
+    assert ledger.renew(holder="A", tokens={"b": held.fencing_token}) == frozenset()  # a is no longer hosted
+    assert ledger.arm_holder(holder="A", ttl=TTL) == 1
+    assert ledger.leases(["a", "b"]) == {"a": None, "b": ledger.leases(["b"])["b"]}
+    assert grant(ledger, "B").holder == "B"
+
+
+def test_revoking_a_holder_ends_its_row(ledger, clock):
+    register(ledger)
+    grant(ledger, "A")
+    ledger.arm_holder(holder="A", ttl=TTL)
+    assert ledger.revoke_holder("A") == ["a"]
+    assert ledger.renew_holder(holder="A", ttl=TTL) is False  # a zombie learns it at its next renewal
+
+
+def test_renewing_a_holder_writes_one_row_whatever_it_holds(ledger, clock):
+    identities = [f"many/{index}" for index in range(300)]
+    ledger.register_many([spec_record(identity) for identity in identities])
+    ledger.acquire(holder="A", identities=identities, ttl=TTL)
+    ledger.arm_holder(holder="A", ttl=TTL)
+    counter = _CountingTransaction(None)
+
+    def renew(tx):
+        counter._tx = tx
+        return _leases.renew_holder(counter, holder="A", ttl=TTL, now=clock())
+
+    assert ledger._db.write(renew) is True
+    assert counter.statements == 1 and counter.rows == 0
+
+
+def test_after_restart_a_live_holder_row_is_lock_delayed_too(ledger, backend, clock):
+    register(ledger)
+    grant(ledger, "A")
+    ledger.arm_holder(holder="A", ttl=TTL)
+    clock.advance(TTL * 0.8)
+    assert ledger.renew_holder(holder="A", ttl=TTL) is True  # the lease's own date is now 0.2 TTL off
+    clock.advance(TTL * 0.5)
+    ledger = restart(ledger, backend, clock)
+    try:
+        clock.advance(TTL * 0.9)  # past the row's date before the restart, within one TTL of it
+        assert isinstance(ledger.acquire(holder="B", identities=["a"], ttl=TTL)["a"], LeaseDenied)
+        assert ledger.renew_holder(holder="A", ttl=TTL) is True
+    finally:
+        ledger.close()
+
+
 # -- lock-delay after restart ---------------------------------------------------------
 
 
