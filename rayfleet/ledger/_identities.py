@@ -7,6 +7,7 @@ identity is never left half reset or half deleted.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from ..errors import InvalidSpecError, UnknownIdentityError
@@ -23,8 +24,6 @@ from ._store import Transaction
 from ._values import IdentityView, RegisterOutcome, SpecRecord
 
 LIFECYCLE_MARKERS = (PERSISTED_LIVE, PERSISTED_RETIRED, PERSISTED_BROKEN)
-_IN_CHUNK = 500
-"""Names per ``IN (...)`` list: well under every database's parameter limit."""
 
 
 def register(tx: Transaction, record: SpecRecord, now: float) -> RegisterOutcome:
@@ -34,24 +33,23 @@ def register(tx: Transaction, record: SpecRecord, now: float) -> RegisterOutcome
             raise _different_spec(record.identity)
         return RegisterOutcome(created=False, lifecycle=row[1])
     write(tx, record, create=True, now=now)
-    return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=_awaited(tx, record.identity))
+    return RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=bool(_awaited(tx, [record.identity])))
 
 
 def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) -> list[RegisterOutcome]:
     """Register many identities in one transaction; each is idempotent as in :func:`register`.
 
-    Existing identities are read in one query and new ones written with one statement
-    per table, so the cost is per record, not per identity already in the fleet.
+    Existing identities are read in one statement, new ones written with one statement
+    per table, and which new ones are awaited read in one more, so the cost is per
+    record, not per identity already in the fleet, and the statements are a handful.
     """
-    found: dict[str, tuple[str, str]] = {}
-    names = [record.identity for record in records]
-    for start in range(0, len(names), _IN_CHUNK):
-        chunk = names[start:start + _IN_CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        rows = tx.execute(
-            f"SELECT identity, fingerprint, lifecycle FROM identities WHERE identity IN ({marks})", chunk
-        ).fetchall()
-        found.update({row[0]: (row[1], row[2]) for row in rows})
+    found: dict[str, tuple[str, str]] = {
+        identity: (fingerprint, lifecycle)
+        for identity, fingerprint, lifecycle in _views.json_rows(tx, (
+            f"SELECT {tx.dialect.rows_json('identity', 'fingerprint', 'lifecycle')} FROM identities "
+            "WHERE identity IN (SELECT key FROM json_each(?))"
+        ), (_views.presented(record.identity for record in records),))
+    }
     outcomes: list[RegisterOutcome] = []
     fresh: list[SpecRecord] = []
     for record in records:
@@ -65,7 +63,7 @@ def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) ->
         fresh.append(record)
         outcomes.append(RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE))
     _insert(tx, fresh, now)
-    awaited = {record.identity for record in fresh if _awaited(tx, record.identity)}
+    awaited = _awaited(tx, [record.identity for record in fresh])
     return [
         RegisterOutcome(created=True, lifecycle=PERSISTED_LIVE, awaited=True)
         if outcome.created and record.identity in awaited else outcome
@@ -73,11 +71,14 @@ def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) ->
     ]
 
 
-def _awaited(tx: Transaction, identity: str) -> bool:
-    """Whether another identity already declares ``identity`` as a peer (its edge can be wired now)."""
-    return tx.execute(
-        "SELECT 1 FROM declared_peers WHERE peer = ? AND identity != ? LIMIT 1", (identity, identity)
-    ).fetchone() is not None
+def _awaited(tx: Transaction, identities: Sequence[str]) -> set[str]:
+    """Those of ``identities`` another identity already declares as a peer (their edges can be wired now)."""
+    if not identities:
+        return set()
+    return {row[0] for row in _views.json_rows(tx, (
+        f"SELECT {tx.dialect.rows_json('d.peer')} FROM (SELECT DISTINCT peer FROM declared_peers "
+        "WHERE peer IN (SELECT key FROM json_each(?)) AND identity != peer) d"
+    ), (_views.presented(identities),))}
 
 
 def _different_spec(identity: str) -> InvalidSpecError:
@@ -89,10 +90,20 @@ def _different_spec(identity: str) -> InvalidSpecError:
 
 
 def apply_specs(tx: Transaction, creates: Sequence[SpecRecord], updates: Sequence[SpecRecord], now: float) -> None:
-    for record in creates:
-        if _views.exists(tx, record.identity):
-            raise InvalidSpecError(f"identity {record.identity!r} already exists", field="roster")
-        write(tx, record, create=True, now=now)
+    """Create ``creates`` (none may exist yet, each named once) and update ``updates``.
+
+    The creates take a few statements whatever their number.
+    """
+    if creates:
+        names = [record.identity for record in creates]
+        existing = sorted(row[0] for row in _views.json_rows(tx, (
+            f"SELECT {tx.dialect.rows_json('identity')} FROM identities "
+            "WHERE identity IN (SELECT key FROM json_each(?))"
+        ), (_views.presented(names),)))
+        repeated = sorted(name for name, count in Counter(names).items() if count > 1)
+        if existing or repeated:
+            raise InvalidSpecError(f"identity {(existing or repeated)[0]!r} already exists", field="roster")
+        _insert(tx, creates, now)
     for record in updates:
         write(tx, record, create=False, now=now)
 
