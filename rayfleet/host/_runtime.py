@@ -1054,7 +1054,7 @@ class HostRuntime:
     async def _release(self, tokens: dict[str, int]) -> None:
         try:
             await self._ledger.release(holder=self.holder, tokens=tokens)
-        except Exception as error:  # noqa: BLE001 - nothing is unsafe: fencing refuses a later owner's rival
+        except Exception as error:  # noqa: BLE001 - nothing unsafe: a lease kept too long only delays the next owner
             # While this host's holder row lives the ledger keeps these leases too, so the
             # renewal loop retries; should this host die first, they lapse with the row.
             self._unreleased.update(tokens)
