@@ -43,13 +43,7 @@ def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) ->
     per table, and which new ones are awaited read in one more, so the cost is per
     record, not per identity already in the fleet, and the statements are a handful.
     """
-    found: dict[str, tuple[str, str]] = {
-        identity: (fingerprint, lifecycle)
-        for identity, fingerprint, lifecycle in _views.json_rows(tx, (
-            f"SELECT {tx.dialect.rows_json('identity', 'fingerprint', 'lifecycle')} FROM identities "
-            "WHERE identity IN (SELECT key FROM json_each(?))"
-        ), (_views.presented(record.identity for record in records),))
-    }
+    found = _existing(tx, [record.identity for record in records])
     outcomes: list[RegisterOutcome] = []
     fresh: list[SpecRecord] = []
     for record in records:
@@ -69,6 +63,17 @@ def register_many(tx: Transaction, records: Sequence[SpecRecord], now: float) ->
         if outcome.created and record.identity in awaited else outcome
         for record, outcome in zip(records, outcomes, strict=True)
     ]
+
+
+def _existing(tx: Transaction, identities: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """The fingerprint and lifecycle marker of each of ``identities`` that exists, in one statement."""
+    return {
+        identity: (fingerprint, lifecycle)
+        for identity, fingerprint, lifecycle in _views.json_rows(tx, (
+            f"SELECT {tx.dialect.rows_json('identity', 'fingerprint', 'lifecycle')} FROM identities "
+            "WHERE identity IN (SELECT key FROM json_each(?))"
+        ), (_views.presented(identities),))
+    }
 
 
 def _awaited(tx: Transaction, identities: Sequence[str]) -> set[str]:
@@ -96,10 +101,7 @@ def apply_specs(tx: Transaction, creates: Sequence[SpecRecord], updates: Sequenc
     """
     if creates:
         names = [record.identity for record in creates]
-        existing = sorted(row[0] for row in _views.json_rows(tx, (
-            f"SELECT {tx.dialect.rows_json('identity')} FROM identities "
-            "WHERE identity IN (SELECT key FROM json_each(?))"
-        ), (_views.presented(names),)))
+        existing = sorted(_existing(tx, names))
         repeated = sorted(name for name, count in Counter(names).items() if count > 1)
         if existing or repeated:
             raise InvalidSpecError(f"identity {(existing or repeated)[0]!r} already exists", field="roster")

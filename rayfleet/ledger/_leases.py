@@ -51,10 +51,19 @@ def apply_lock_delay(tx: Transaction, now: float) -> None:
     before the ledger went down, so reviving it would only keep the identity
     unavailable for one more TTL after every restart.
     """
-    for table in ("leases", "holders"):
+    lock_delay(tx, ("leases", "holders"), now)
+
+
+def lock_delay(tx: Transaction, tables: Iterable[str], now: float) -> None:
+    """Extend every held row of ``tables`` (columns ``holder``, ``ttl``, ``expires_at``) live at ``now`` to one TTL on.
+
+    The one lock-delay statement, for identity leases, holder rows and run leases.
+    ``tables`` are this package's own names, never user input.
+    """
+    for table in tables:
         tx.execute(
             f"UPDATE {table} SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
-            "WHERE expires_at > ?",
+            "WHERE holder IS NOT NULL AND expires_at > ?",
             (now, now, now),
         )
 

@@ -244,9 +244,7 @@ def apply_lock_delay(tx: Transaction, now: float) -> None:
 
     A lease that had lapsed already stays lapsed (its holder had stopped renewing).
     """
-    for table in ("run_owners", "step_leases"):
-        tx.execute(f"UPDATE {table} SET expires_at = CASE WHEN expires_at < ? + ttl THEN ? + ttl ELSE expires_at END "
-                   f"WHERE holder IS NOT NULL AND expires_at > ?", (now, now, now))
+    _leases.lock_delay(tx, ("run_owners", "step_leases"), now)
 
 
 # -- step leases -------------------------------------------------------------------
