@@ -58,7 +58,7 @@ from ._placement import (
     live_nodes,
     nodes_without_hosts,
 )
-from ._replies import ERROR, OK, REDIRECT, RETRY, Reply
+from ._replies import ERROR, OK, REDIRECT, RETRY, Reply, step_reply_wire
 from ._routing import Courier, HostDirectory, deliver_request
 from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
@@ -357,14 +357,14 @@ class AgentHost:
 
     async def dispatch(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
         """Like :meth:`deliver`, but the reply carries the turn's usage and what became of the workflow step
-        it was asked to journal: ``(value, Usage, StepJournaled | None)``."""
+        it was asked to journal, as :func:`~rayfleet.platform._replies.step_reply_wire` encodes them."""
         received = _received(identity, envelope)
         if isinstance(received, InvalidSpecError):
             return ERROR, received
 
         async def turn() -> Any:
             result = await _deliver_as_turn(self.runtime, received)
-            return result.value, result.usage, result.step
+            return step_reply_wire(result.value, result.usage, result.step)
 
         return await self._serve(turn)
 

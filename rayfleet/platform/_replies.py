@@ -11,9 +11,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..identity._handlers import Usage
+from ..ledger._values import RunRequests, StepJournaled
+
 OK = "ok"
 REDIRECT = "redirect"
 RETRY = "retry"
 ERROR = "error"
 
 Reply = tuple[str, Any]
+
+
+StepReplyWire = tuple[Any, int, int, "tuple[bool, bool, bool] | None"]
+"""A ``dispatch`` reply's payload: the value, the usage's prompt and completion tokens, and
+the journaled step as ``(inserted, cancel requested, pause requested)`` or ``None``.
+
+Plain tuples of ints and bools travel by Ray's msgpack path; the dataclasses they stand
+for would be pickled, which cost 0.12 ms more per reply (1.32 against 1.20 ms for a
+whole call, ``/tmp/prof/reply.py`` on 2026-12-02)."""
+
+
+def step_reply_wire(value: Any, usage: Usage, step: StepJournaled | None) -> StepReplyWire:
+    """The wire form of a dispatch's reply (see :data:`StepReplyWire`)."""
+    journaled = None if step is None else (step.inserted, step.requests.cancel, step.requests.pause)
+    return value, usage.prompt_tokens, usage.completion_tokens, journaled
+
+
+def step_reply_from_wire(wire: StepReplyWire) -> tuple[Any, Usage, StepJournaled | None]:
+    """The value, usage and journaled step that :func:`step_reply_wire` sent."""
+    value, prompt_tokens, completion_tokens, journaled = wire
+    step = None if journaled is None else StepJournaled(
+        inserted=journaled[0], requests=RunRequests(cancel=journaled[1], pause=journaled[2]))
+    return value, Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens), step

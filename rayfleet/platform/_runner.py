@@ -42,6 +42,7 @@ from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import JournalWith, StepReply, WorkflowEngine
 from ._ledger_client import connect_ledger_from
 from ._metrics import RayRunMetrics
+from ._replies import step_reply_from_wire
 from ._routing import Courier, HostDirectory, dispatch_request
 
 log = logging.getLogger("rayfleet.workflow")
@@ -70,8 +71,8 @@ class RayDispatcher:
             idempotency_key=idempotency_key, conversation=conversation, fence=fence,
             journal=None if journal is None else (journal.run_id, journal.label, journal.token),
         )
-        value, usage, journaled = await self._courier.route_async(target, dispatch_request(envelope), method=method,
-                                                                  timeout=timeout)
+        wire = await self._courier.route_async(target, dispatch_request(envelope), method=method, timeout=timeout)
+        value, usage, journaled = step_reply_from_wire(wire)
         return StepReply(value, usage, journaled)
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
