@@ -80,14 +80,18 @@ def _all_pass(tx: Transaction, batch: list[CheckpointCommit], move: _Move) -> bo
     the token equals the identity's high-water mark) and the version rule (newer than
     the stored one) hold, so it accepts exactly what :func:`_judged` accepts, in order
     (a second commit of one identity is checked against the first). Anything short of
-    every row is rolled back to the savepoint and left to :func:`_judged` to explain.
+    every row is rolled back to a savepoint (a batch of one needs none: its one update
+    either moved the row or wrote nothing) and left to :func:`_judged` to explain.
     """
+    guarded = (move.sql + " AND checkpoint_version < ? AND EXISTS "
+               "(SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?)")
+    rows = [(*move.row(item), item.version, item.fencing_token) for item in batch]
+    if len(rows) == 1:
+        # One update that moved nothing wrote nothing: no savepoint to roll back to (on
+        # PostgreSQL a savepoint is a subtransaction, two statements and server work per commit).
+        return tx.execute(guarded, rows[0]).rowcount == 1
     tx.execute("SAVEPOINT checkpoint_batch")
-    moved = tx.executemany(
-        move.sql + " AND checkpoint_version < ? "
-        "AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?)",
-        [(*move.row(item), item.version, item.fencing_token) for item in batch],
-    ).rowcount
+    moved = tx.executemany(guarded, rows).rowcount
     if moved != len(batch):
         tx.execute("ROLLBACK TO SAVEPOINT checkpoint_batch")
     tx.execute("RELEASE SAVEPOINT checkpoint_batch")

@@ -39,7 +39,7 @@ from rayfleet.identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
-from rayfleet.ledger import RunRequests, StepEntry, StepJournaled, _identities, _leases
+from rayfleet.ledger import RunRequests, StepEntry, StepJournaled, _checkpoints, _identities, _leases
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord, TopologyChange
@@ -470,6 +470,26 @@ def test_registering_many_identities_asks_which_are_awaited_in_one_statement(led
     assert [identity for identity, outcome in zip(identities, outcomes, strict=True) if outcome.awaited] == ["many/7"]
     assert all(outcome.created for outcome in outcomes)
     assert counter.executes <= 5, counter.executes
+
+
+def test_a_checkpoint_committed_alone_is_one_statement(ledger, clock):
+    # A batch of one was wrapped in a savepoint, as a larger batch must be (some of it may move and
+    # some not): three statements, and on PostgreSQL a subtransaction, for the commonest commit.
+    register(ledger, "a")
+    token = grant(ledger, "h1", "a").fencing_token
+    counter = _CountingTransaction(None)
+
+    def commit_alone(tx):
+        counter._tx = tx
+        return _checkpoints.commit(counter, [commit("a", token, 1)], clock())
+
+    assert ledger._db.write(commit_alone) == [None]
+    assert counter.statements == 1
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 1
+    # A refused one still writes nothing and is explained.
+    [refused] = ledger.commit_checkpoints([commit("a", token, 1)])
+    assert isinstance(refused, StaleCheckpointVersionError)
+    assert ledger.resolve(["a"])["a"].continuity.checkpoint_version == 1
 
 
 def test_applying_many_creates_takes_a_few_statements_and_refuses_any_that_exists(ledger, clock):
