@@ -30,6 +30,9 @@ class Dialect:
     """``{value}`` (a blob, or NULL) as hexadecimal text (NULL stays NULL)."""
     each_text: str
     """Table function of a JSON object parameter whose values are strings: columns ``key`` and ``value`` (text)."""
+    writes_in_with: bool
+    """Whether a ``WITH`` clause may hold an ``INSERT ... RETURNING`` that the rest of the statement reads
+    (PostgreSQL), so two writes cost one statement; SQLite allows only ``SELECT`` there."""
 
     def rows_json(self, *columns: str) -> str:
         return self.json_rows.format(columns=", ".join(columns))
@@ -44,6 +47,7 @@ SQLITE = Dialect(
     # hex(NULL) is '' in SQLite; a NULL must stay NULL.
     hex="CASE WHEN {value} IS NULL THEN NULL ELSE hex({value}) END",
     each_text="json_each",
+    writes_in_with=False,
 )
 POSTGRESQL = Dialect(
     "postgresql", blob="BYTEA", real="DOUBLE PRECISION", int="BIGINT",
@@ -51,6 +55,7 @@ POSTGRESQL = Dialect(
     json_rows="CAST(json_agg(json_build_array({columns})) AS TEXT)",
     hex="encode({value}, 'hex')",
     each_text="json_each_text",
+    writes_in_with=True,
 )
 
 
