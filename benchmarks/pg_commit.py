@@ -10,6 +10,9 @@ rounds interleaved. The modes:
 * the same writes as one exchange (the update guarded in SQL by a function that
   raises when the row did not move, so the ``COMMIT`` can travel with it), on a
   worker thread and on psycopg's asynchronous connection on the event loop;
+* one statement in autocommit (a ``WITH`` query that moves the pointer, remembers the
+  key and trims the window: one round trip, no ``BEGIN`` or ``COMMIT`` of its own), on a
+  worker thread;
 * a lower bound: one exchange without the fence check, the guard or the trim of the
   key window, asynchronous;
 * the call alone, with no commit.
@@ -52,6 +55,15 @@ FENCED = " AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.i
 GUARDED_MOVE = f"WITH moved AS ({MOVE}{FENCED} RETURNING 1) SELECT bench_require(EXISTS (SELECT 1 FROM moved))"
 KEY = ("INSERT INTO dedup (identity, key, reply, seq) SELECT %s, %s, %s, COALESCE(MAX(seq), 0) + 1 "
        "FROM dedup WHERE identity = %s ON CONFLICT DO NOTHING")
+ONE_STATEMENT = (
+    "WITH moved AS (" + MOVE + FENCED + " RETURNING identity), "
+    "base AS (SELECT COALESCE(MAX(seq), 0) AS top FROM dedup WHERE identity = %s), "
+    "added AS (INSERT INTO dedup (identity, key, reply, seq) SELECT moved.identity, %s, %s, base.top + 1 "
+    "FROM moved, base ON CONFLICT DO NOTHING RETURNING seq), "
+    "trimmed AS (DELETE FROM dedup WHERE identity IN (SELECT identity FROM moved) "
+    "AND seq <= (SELECT top FROM base) + 1 - %s) "
+    "SELECT (SELECT count(*) FROM moved)"
+)
 TRIM = "DELETE FROM dedup WHERE identity = %s AND seq <= (SELECT MAX(seq) FROM dedup WHERE identity = %s) - %s"
 STATE = b"x" * 200
 WINDOW = 64
@@ -62,6 +74,7 @@ MODES = {
     "ledger commit (two exchanges), on the event loop": "ledger_on_loop",
     "one exchange, guarded in SQL, worker thread": "one_threaded",
     "one exchange, guarded in SQL, asynchronous psycopg": "one_async",
+    "one statement in autocommit, worker thread": "statement_threaded",
     "one exchange, unfenced and unguarded, asynchronous psycopg": "bound_async",
 }
 
@@ -84,6 +97,9 @@ class Committer:
         self._sync.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
         self._sync.execute(GUARD)
         self._sync.commit()
+        self._autocommit = psycopg.connect(url, autocommit=True)
+        # A statement outside a transaction block runs as its own transaction at this level.
+        self._autocommit.execute("SET default_transaction_isolation = 'serializable'")
         self._thread = concurrent.futures.ThreadPoolExecutor(1)
         self._async: psycopg.AsyncConnection[Any] | None = None
 
@@ -115,6 +131,18 @@ class Committer:
 
     async def one_threaded(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._one_exchange)
+
+    def _one_statement(self) -> None:
+        self.version += 1
+        version = self.version
+        row = self._autocommit.execute(ONE_STATEMENT, (
+            version, STATE, self.identity, version, self.token, self.identity, f"key-{version}", b"reply", WINDOW,
+        )).fetchone()
+        if row != (1,):
+            raise RuntimeError(f"the pointer did not move: {row}")
+
+    async def statement_threaded(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._one_statement)
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._async is None:

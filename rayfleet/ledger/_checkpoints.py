@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
 from ..identity._values import SnapshotPointer
 from . import _leases, _runs
-from ._store import Transaction
+from ._store import Row, Transaction
 from ._values import CheckpointCommit, CheckpointRow, CommitOutcome
 
 
@@ -54,6 +54,68 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | St
         if outcomes[index] is None:
             outcomes[index] = _runs.journal_with_checkpoint(tx, step, standing)
     return outcomes
+
+
+def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[object]]:
+    """One statement that commits ``item`` if it passes, for a store whose ``WITH`` may write (``writes_in_with``).
+
+    Run as a transaction of its own (``Database.write_alone``) it does what :func:`commit`
+    does for a batch of one that passes, in one round trip: the guarded update of
+    :func:`_all_pass`, the keys of :func:`_remember_keys` (new ones numbered in order after
+    the newest, the window trimmed from there) and the step of
+    :func:`_runs.journal_with_checkpoint`, each only where the update moved the pointer.
+    It answers one row for :func:`alone_outcome`. A commit that does not pass writes
+    nothing; :func:`commit` then judges it.
+    """
+    move = _Move(now)
+    parameters: list[object] = [*move.row(item), item.version, item.fencing_token]
+    parts = [f"moved AS ({move.sql} AND checkpoint_version < ? AND EXISTS "
+             "(SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = ?) "
+             "RETURNING identity)"]
+    if item.dedup:
+        # A key already remembered keeps its first reply and its place; a key repeated in the
+        # batch counts once, at its first place (as one insert after another would).
+        parts += [
+            "offered (key, reply, place) AS (SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS BYTEA[])) "
+            "WITH ORDINALITY)",
+            "fresh AS (SELECT key, reply, row_number() OVER (ORDER BY place) AS n FROM "
+            "(SELECT DISTINCT ON (key) key, reply, place FROM offered ORDER BY key, place) firsts "
+            "WHERE NOT EXISTS (SELECT 1 FROM dedup WHERE dedup.identity = ? AND dedup.key = firsts.key))",
+            "newest AS (SELECT COALESCE(MAX(seq), 0) AS seq FROM dedup WHERE identity = ?)",
+            "added AS (INSERT INTO dedup (identity, key, reply, seq) SELECT moved.identity, fresh.key, fresh.reply, "
+            "newest.seq + fresh.n FROM moved, fresh, newest ON CONFLICT DO NOTHING RETURNING 1)",
+            # The snapshot the trim reads is from before the insert: the window ends at the
+            # newest key plus the ones this statement adds.
+            "trimmed AS (DELETE FROM dedup WHERE identity IN (SELECT identity FROM moved) AND seq <= "
+            "(SELECT seq FROM newest) + (SELECT count(*) FROM fresh) - ? RETURNING 1)",
+        ]
+        parameters += [[key for key, _ in item.dedup], [reply for _, reply in item.dedup], item.identity,
+                       item.identity, max(item.dedup_capacity, 1)]
+    standing = "NULL, NULL, NULL, NULL"
+    if item.step is not None:
+        step = item.step
+        parts += [
+            f"standing AS ({_runs.STEP_STANDING})",
+            "step AS (INSERT INTO journal (run_id, label, output, tokens, seq) "
+            "SELECT ?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM journal WHERE run_id = ?) "
+            "FROM moved, standing WHERE standing.token = ? AND NOT standing.journaled "
+            "ON CONFLICT DO NOTHING RETURNING 1)",
+        ]
+        parameters += [step.label, step.run_id, step.run_id, step.label, step.output, step.tokens, step.run_id,
+                       step.run_token]
+        standing = ("(SELECT token FROM standing), (SELECT cancel_requested FROM standing), "
+                    "(SELECT pause_requested FROM standing), (SELECT journaled FROM standing)")
+    return f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM moved), {standing}", parameters
+
+
+def alone_outcome(item: CheckpointCommit, rows: list[Row]) -> tuple[bool, CommitOutcome]:
+    """What :func:`alone`'s statement answered: ``(True, outcome)`` if it committed ``item``, else ``(False, None)``."""
+    moved, token, cancel, pause, journaled = rows[0]
+    if not moved:
+        return False, None
+    if item.step is None:
+        return True, None
+    return True, _runs.step_outcome(item.step, None if token is None else (token, cancel, pause, journaled))
 
 
 class _Move:

@@ -145,18 +145,22 @@ def _insert_step(tx: Transaction, *, run_id: str, label: str, output: bytes, tok
     )
 
 
+STEP_STANDING = (
+    "SELECT run_owners.token, runs.cancel_requested, runs.pause_requested, "
+    "EXISTS (SELECT 1 FROM journal WHERE journal.run_id = run_owners.run_id AND journal.label = ?) AS journaled "
+    "FROM run_owners LEFT JOIN runs ON runs.run_id = run_owners.run_id WHERE run_owners.run_id = ?"
+)
+"""A run's token, its cancel and pause requests, and whether a step (the first parameter) is journaled;
+no row for an unknown run. Parameters: the step's label, the run's id."""
+
+
 def read_step_standing(tx: Transaction, entry: StepEntry) -> Cursor:
     """Queue the read that :func:`journal_with_checkpoint` judges ``entry`` by.
 
     Queued before the checkpoint's own statements, so on a pipelining store it travels
     with them and costs no round trip of its own.
     """
-    return tx.execute(
-        "SELECT run_owners.token, runs.cancel_requested, runs.pause_requested, "
-        "EXISTS (SELECT 1 FROM journal WHERE journal.run_id = run_owners.run_id AND journal.label = ?) "
-        "FROM run_owners LEFT JOIN runs ON runs.run_id = run_owners.run_id WHERE run_owners.run_id = ?",
-        (entry.label, entry.run_id),
-    )
+    return tx.execute(STEP_STANDING, (entry.label, entry.run_id))
 
 
 def journal_with_checkpoint(tx: Transaction, entry: StepEntry, standing: Cursor) -> StepJournaled | None:
@@ -168,13 +172,22 @@ def journal_with_checkpoint(tx: Transaction, entry: StepEntry, standing: Cursor)
     where the stale token is refused. A step journaled before keeps its output.
     """
     row = standing.fetchone()
-    if row is None or fence_refusal(run_id=entry.run_id, high_water=int(row[0]), presented=entry.run_token):
+    outcome = step_outcome(entry, row)
+    if outcome is not None and outcome.inserted:
+        _insert_step(tx, run_id=entry.run_id, label=entry.label, output=entry.output, tokens=entry.tokens)
+    return outcome
+
+
+def step_outcome(entry: StepEntry, standing: Row | None) -> StepJournaled | None:
+    """What journaling ``entry`` comes to, by its run's :data:`STEP_STANDING` row (``None``: no such run).
+
+    ``None`` when the run token is stale (nothing is journaled); else whether this output
+    is the one journaled (``inserted``) and what is asked of the run.
+    """
+    if standing is None or fence_refusal(run_id=entry.run_id, high_water=int(standing[0]), presented=entry.run_token):
         return None
-    requests = RunRequests(cancel=bool(row[1]), pause=bool(row[2]))
-    if row[3]:
-        return StepJournaled(inserted=False, requests=requests)
-    _insert_step(tx, run_id=entry.run_id, label=entry.label, output=entry.output, tokens=entry.tokens)
-    return StepJournaled(inserted=True, requests=requests)
+    return StepJournaled(inserted=not standing[3], requests=RunRequests(cancel=bool(standing[1]),
+                                                                       pause=bool(standing[2])))
 
 
 def journal_compensation(

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from ..errors import LedgerSchemaError, LedgerUnavailableError
 from ._schema import MIGRATIONS, SQLITE
-from ._store import Transaction
+from ._store import Row, Transaction
 
 T = TypeVar("T")
 
@@ -45,6 +45,7 @@ class SqliteDatabase:
     """
 
     kind = "sqlite"
+    dialect = SQLITE
     clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     """The same clock as :meth:`now` (the operating system's), in SQLite's own date functions."""
 
@@ -87,6 +88,9 @@ class SqliteDatabase:
                 return self._finish(fn)
             except sqlite3.OperationalError as error:
                 raise self._translated(error) from None
+
+    def write_alone(self, sql: str, parameters: Sequence[Any] = ()) -> list[Row]:
+        return self.write(lambda tx: tx.execute(sql, parameters).fetchall())
 
     def write_now(self, fn: Callable[[Transaction], T]) -> tuple[bool, T | None]:
         """:meth:`write`, but only if nothing has to be waited for: ``(False, None)`` when this

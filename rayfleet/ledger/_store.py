@@ -61,7 +61,14 @@ class Database(Protocol):
     kind: str
     """``"sqlite"`` or ``"postgresql"``: which store this is, for messages and metrics."""
 
+    dialect: Dialect
+    """How this store spells what the portable subset lacks (as its transactions' ``dialect``)."""
+
     def write(self, fn: Callable[[Transaction], T]) -> T: ...
+
+    def write_alone(self, sql: str, parameters: Sequence[Any] = ...) -> list[Row]:
+        """Run one statement as a write transaction of its own and return its rows (durable when this returns)."""
+        ...
 
     def read(self, fn: Callable[[Transaction], T]) -> T: ...
 

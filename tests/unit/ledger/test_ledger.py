@@ -1766,9 +1766,16 @@ def test_a_checkpoints_keys_keep_the_newest_window_and_their_first_replies(ledge
     assert ledger.dedup_window("a") == [("k1", b"k1@1"), ("k2", b"k2@2"), ("k3", b"k3@2")]
     assert ledger.commit_checkpoints([keyed(4, "k4", "k5")]) == [None]
     assert ledger.dedup_window("a") == [("k3", b"k3@2"), ("k4", b"k4@4"), ("k5", b"k5@4")]
+    # A refused checkpoint remembers none of its keys.
+    [refused] = ledger.commit_checkpoints([keyed(4, "k6")])
+    assert isinstance(refused, StaleCheckpointVersionError)
+    assert ledger.dedup_window("a") == [("k3", b"k3@2"), ("k4", b"k4@4"), ("k5", b"k5@4")]
+    # A key repeated in one checkpoint counts once, with its first reply.
+    assert ledger.commit_checkpoints([keyed(5, "k7", "k7", capacity=4)]) == [None]
+    assert ledger.dedup_window("a") == [("k3", b"k3@2"), ("k4", b"k4@4"), ("k5", b"k5@4"), ("k7", b"k7@5")]
     # A smaller window trims on the next commit, even one whose only key is known already.
-    assert ledger.commit_checkpoints([keyed(5, "k5", capacity=1)]) == [None]
-    assert ledger.dedup_window("a") == [("k5", b"k5@4")]
+    assert ledger.commit_checkpoints([keyed(6, "k5", capacity=1)]) == [None]
+    assert ledger.dedup_window("a") == [("k7", b"k7@5")]
 
 
 def test_remembering_a_key_costs_the_same_however_full_the_window_is(tmp_path, clock):
@@ -1844,9 +1851,9 @@ def test_a_batch_is_judged_in_order_whether_or_not_every_commit_passes(ledger):
 def test_a_checkpoint_is_stamped_by_the_stores_clock_inside_its_update(store, tmp_path, monkeypatch):
     """Without an injected clock, ``committed_at`` is the store's clock, read by the update itself.
 
-    On PostgreSQL reading the clock first cost a round trip of its own: a commit whose
-    checkpoints all pass now exchanges with the server once before its COMMIT (the
-    conditional update's row count), counted at the transaction's send.
+    On PostgreSQL reading the clock first cost a round trip of its own. A commit of one
+    checkpoint that passes is now one statement sent outside any transaction (one round
+    trip, no exchange of a transaction at all), counted at the transaction's send.
     """
     from rayfleet.ledger import _postgres
 
@@ -1872,7 +1879,7 @@ def test_a_checkpoint_is_stamped_by_the_stores_clock_inside_its_update(store, tm
         [row] = ledger.latest_checkpoints(limit=1)
         assert row.committed_at is not None and before - 0.5 <= row.committed_at <= after + 0.5
         if store == "postgresql":
-            assert sends[0] == 1 + 1  # the commit's one exchange, and the read of latest_checkpoints
+            assert sends[0] == 1  # the read of latest_checkpoints; the commit was one statement of its own
     finally:
         ledger.close()
         if store == "postgresql":

@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -247,3 +249,70 @@ def postgres_url() -> Iterator[str]:
     url = pg_support.create_database()
     yield url
     pg_support.drop_database(url)
+
+
+def _ended_by_the_server(url: str, application: str) -> int:
+    """End every session of ``application`` (as a server restart or an administrator would); how many."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        return len(admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (application,),
+        ).fetchall())
+
+
+def _one_checkpoint(ledger: Ledger, token: int, version: int) -> list[object]:
+    from rayfleet.identity._values import SnapshotPointer
+    from rayfleet.ledger._values import CheckpointCommit
+
+    return list(ledger.commit_checkpoints([CheckpointCommit(
+        identity="t/a", fencing_token=token, version=version,
+        pointer=SnapshotPointer(file="", row=0, version=version, inline=b"s"), dedup=((f"k{version}", b"r"),),
+    )]))
+
+
+def test_a_commit_sent_alone_over_a_connection_the_server_ended_is_sent_again(postgres_url: str) -> None:
+    # A one-checkpoint commit is one statement outside any transaction: a connection ended
+    # while it sat in the pool must fail before that statement is sent (the write is then
+    # known not to have happened, and is sent again on a new connection), never after.
+    from rayfleet.ledger import _postgres
+
+    application = f"rf-alone-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger(PostgresDatabase(f"{postgres_url}&application_name={application}", pool_size=1))
+    try:
+        register(ledger, "t/a")
+        token = ledger.acquire(holder="h", identities=["t/a"], ttl=60)["t/a"].grant.fencing_token  # type: ignore[union-attr]
+        assert _one_checkpoint(ledger, token, 1) == [None]
+        assert _ended_by_the_server(postgres_url, application) == 1
+        time.sleep(_postgres.ALIVE_FOR + 0.1)  # the pooled connection has not answered lately
+        assert _one_checkpoint(ledger, token, 2) == [None]
+        assert ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version == 2  # type: ignore[union-attr]
+        assert [key for key, _ in ledger.dedup_window("t/a")] == ["k1", "k2"]
+    finally:
+        ledger.close()
+
+
+def test_a_commit_sent_alone_over_a_connection_ended_just_after_it_answered_is_reported_unknown(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Within ALIVE_FOR of its last answer a pooled connection is trusted without a check, so
+    # one the server ended in that moment fails only once the statement was sent: reported
+    # as an unknown outcome (here it did not commit), never as a write known not to have happened.
+    from rayfleet.errors import LedgerUnavailableError
+    from rayfleet.ledger import _postgres
+
+    monkeypatch.setattr(_postgres, "ALIVE_FOR", 3600.0)  # "just after", however slow this machine is
+
+    application = f"rf-alone-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger(PostgresDatabase(f"{postgres_url}&application_name={application}", pool_size=1))
+    try:
+        register(ledger, "t/a")
+        token = ledger.acquire(holder="h", identities=["t/a"], ttl=60)["t/a"].grant.fencing_token  # type: ignore[union-attr]
+        assert _one_checkpoint(ledger, token, 1) == [None]
+        assert _ended_by_the_server(postgres_url, application) == 1
+        with pytest.raises(LedgerUnavailableError) as caught:
+            _one_checkpoint(ledger, token, 2)
+        assert caught.value.committed_unknown
+        assert ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version == 1  # type: ignore[union-attr]
+    finally:
+        ledger.close()
