@@ -294,7 +294,7 @@ class Ledger:
         entries change nothing; accepted ones are durable when this returns.
         """
         batch = list(commits)
-        if len(batch) == 1 and self._db.dialect.writes_in_with:
+        if len(batch) == 1 and self._db.dialect.writes_in_with and _checkpoints.fits_alone(batch[0]):
             # The commonest commit, a host's one turn, in one statement (on PostgreSQL one
             # round trip instead of three); only a refusal takes the transaction below.
             (item,) = batch
