@@ -4,24 +4,18 @@ Whole Ray calls timed from this process, each making one keyed checkpoint commit
 inline State and one idempotency key) in a plain async actor over the same identity,
 rounds interleaved. The modes:
 
-* the ledger's commit (``Ledger`` over ``PostgresDatabase``: two exchanges, the
-  conditional update whose row count is read, then the keys and the ``COMMIT``) on the
-  ledger client's worker thread, as hosts commit, and on the event loop (blocking it);
-* the same writes as one exchange (the update guarded in SQL by a function that
-  raises when the row did not move, so the ``COMMIT`` can travel with it), on a
-  worker thread and on psycopg's asynchronous connection on the event loop;
-* one statement in autocommit (a ``WITH`` query that moves the pointer, remembers the
-  key and trims the window: one round trip, no ``BEGIN`` or ``COMMIT`` of its own), on a
-  worker thread;
-* a lower bound: one exchange without the fence check, the guard or the trim of the
-  key window, asynchronous;
+* the ledger's commit (``Ledger`` over ``PostgresDatabase``: one statement outside any
+  transaction, see ``_checkpoints.alone``) on the ledger client's worker thread, as
+  hosts commit, and on the event loop (blocking it);
+* the same statement over psycopg's asynchronous connection on the event loop (what an
+  asynchronous path would give);
+* the transaction that statement replaced (the guarded update, whose row count is read,
+  then the keys and the ``COMMIT``), on the worker thread;
 * the call alone, with no commit.
 
 Beside them, from this process: the ledger's commit in a loop, a bare ``UPDATE`` and
 ``COMMIT``, and ``SELECT 1``. Medians in milliseconds; results go to
-``benchmarks/results/pg_commit.json``. The question this answers: would an
-asynchronous or single-exchange commit path make an ``EVERY_TURN`` call on PostgreSQL
-cheaper (README, "Where the targets are missed").
+``benchmarks/results/pg_commit.json``.
 """
 
 from __future__ import annotations
@@ -38,6 +32,7 @@ import psycopg
 import ray
 
 from rayfleet.identity._values import SnapshotPointer
+from rayfleet.ledger import _checkpoints
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._postgres import PostgresDatabase
@@ -46,36 +41,14 @@ from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
 from ._context import PostgresLedgers
 from ._report import write_figures
 
-GUARD = """CREATE OR REPLACE FUNCTION bench_require(ok boolean) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN IF NOT ok THEN RAISE EXCEPTION 'the checkpoint did not pass' USING ERRCODE = 'RF001'; END IF; RETURN true; END
-$$"""
-MOVE = ("UPDATE continuity SET checkpoint_version = %s, snapshot_inline = %s, "
-        "committed_at = EXTRACT(EPOCH FROM clock_timestamp())::float8 WHERE identity = %s AND checkpoint_version < %s")
-FENCED = " AND EXISTS (SELECT 1 FROM fences WHERE fences.identity = continuity.identity AND fences.high_water = %s)"
-GUARDED_MOVE = f"WITH moved AS ({MOVE}{FENCED} RETURNING 1) SELECT bench_require(EXISTS (SELECT 1 FROM moved))"
-KEY = ("INSERT INTO dedup (identity, key, reply, seq) SELECT %s, %s, %s, COALESCE(MAX(seq), 0) + 1 "
-       "FROM dedup WHERE identity = %s ON CONFLICT DO NOTHING")
-ONE_STATEMENT = (
-    "WITH moved AS (" + MOVE + FENCED + " RETURNING identity), "
-    "base AS (SELECT COALESCE(MAX(seq), 0) AS top FROM dedup WHERE identity = %s), "
-    "added AS (INSERT INTO dedup (identity, key, reply, seq) SELECT moved.identity, %s, %s, base.top + 1 "
-    "FROM moved, base ON CONFLICT DO NOTHING RETURNING seq), "
-    "trimmed AS (DELETE FROM dedup WHERE identity IN (SELECT identity FROM moved) "
-    "AND seq <= (SELECT top FROM base) + 1 - %s) "
-    "SELECT (SELECT count(*) FROM moved)"
-)
-TRIM = "DELETE FROM dedup WHERE identity = %s AND seq <= (SELECT MAX(seq) FROM dedup WHERE identity = %s) - %s"
 STATE = b"x" * 200
-WINDOW = 64
 
 MODES = {
     "call alone, no commit": "nothing",
-    "ledger commit (two exchanges), worker thread": "ledger_threaded",
-    "ledger commit (two exchanges), on the event loop": "ledger_on_loop",
-    "one exchange, guarded in SQL, worker thread": "one_threaded",
-    "one exchange, guarded in SQL, asynchronous psycopg": "one_async",
-    "one statement in autocommit, worker thread": "statement_threaded",
-    "one exchange, unfenced and unguarded, asynchronous psycopg": "bound_async",
+    "ledger commit (one statement), worker thread, as hosts commit": "ledger_threaded",
+    "ledger commit (one statement), on the event loop": "ledger_on_loop",
+    "the same statement, asynchronous psycopg on the event loop": "statement_async",
+    "the transaction it replaced, worker thread": "transaction_threaded",
 }
 
 
@@ -93,13 +66,6 @@ class Committer:
         self.identity, self.token = identity, activation.grant.fencing_token
         self.client = LocalLedgerClient(self.ledger, threads=4)
         self.version = 0
-        self._sync = psycopg.connect(url, autocommit=False)
-        self._sync.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-        self._sync.execute(GUARD)
-        self._sync.commit()
-        self._autocommit = psycopg.connect(url, autocommit=True)
-        # A statement outside a transaction block runs as its own transaction at this level.
-        self._autocommit.execute("SET default_transaction_isolation = 'serializable'")
         self._thread = concurrent.futures.ThreadPoolExecutor(1)
         self._async: psycopg.AsyncConnection[Any] | None = None
 
@@ -120,57 +86,29 @@ class Committer:
     async def ledger_on_loop(self) -> None:
         self.ledger.commit_checkpoints(self.next())
 
-    def _one_exchange(self) -> None:
-        self.version += 1
-        version, connection = self.version, self._sync
-        with connection.pipeline():
-            connection.execute(GUARDED_MOVE, (version, STATE, self.identity, version, self.token))
-            connection.execute(KEY, (self.identity, f"key-{version}", b"reply", self.identity))
-            connection.execute(TRIM, (self.identity, self.identity, WINDOW))
-            connection.commit()
-
-    async def one_threaded(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._one_exchange)
-
-    def _one_statement(self) -> None:
-        self.version += 1
-        version = self.version
-        row = self._autocommit.execute(ONE_STATEMENT, (
-            version, STATE, self.identity, version, self.token, self.identity, f"key-{version}", b"reply", WINDOW,
-        )).fetchone()
-        if row != (1,):
+    async def statement_async(self) -> None:
+        if self._async is None:
+            self._async = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+            await self._async.execute("SET default_transaction_isolation = 'serializable'")
+        (item,) = self.next()
+        sql, parameters = _checkpoints.alone(item, _checkpoints.StoreClock(PostgresDatabase.clock_sql))
+        cursor = await self._async.execute(sql.replace("?", "%s"), parameters)
+        row = await cursor.fetchone()
+        if row is None or row[0] != 1:
             raise RuntimeError(f"the pointer did not move: {row}")
 
-    async def statement_threaded(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._one_statement)
+    def _transaction(self) -> None:
+        batch = self.next()
+        clock = _checkpoints.StoreClock(PostgresDatabase.clock_sql)
+        outcomes = self.ledger._db.write(lambda tx: _checkpoints.commit(tx, batch, clock))
+        if outcomes != [None]:
+            raise RuntimeError(f"the commit was refused: {outcomes}")
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._async is None:
-            self._async = await psycopg.AsyncConnection.connect(self.url, autocommit=False)
-            await self._async.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
-        return self._async
-
-    async def one_async(self) -> None:
-        connection = await self._connection()
-        self.version += 1
-        version = self.version
-        async with connection.pipeline():
-            await connection.execute(GUARDED_MOVE, (version, STATE, self.identity, version, self.token))
-            await connection.execute(KEY, (self.identity, f"key-{version}", b"reply", self.identity))
-            await connection.execute(TRIM, (self.identity, self.identity, WINDOW))
-            await connection.commit()
-
-    async def bound_async(self) -> None:
-        connection = await self._connection()
-        self.version += 1
-        version = self.version
-        async with connection.pipeline():
-            await connection.execute(MOVE, (version, STATE, self.identity, version))
-            await connection.execute(KEY, (self.identity, f"key-{version}", b"reply", self.identity))
-            await connection.commit()
+    async def transaction_threaded(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._transaction)
 
     async def check(self) -> int:
-        """The identity's committed version: every mode moved it (a failed guard would have raised)."""
+        """The identity's committed version: every mode moved it (a refusal would have raised)."""
         rows = self.ledger.latest_checkpoints(after="", limit=10)
         return next(row.checkpoint_version for row in rows if row.identity == self.identity)
 
