@@ -9,6 +9,7 @@ nothing acknowledged is lost; service resumes when the ledger is back.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -271,12 +272,10 @@ def _one_checkpoint(ledger: Ledger, token: int, version: int) -> list[object]:
     )]))
 
 
-def test_a_commit_sent_alone_over_a_connection_the_server_ended_is_sent_again(postgres_url: str) -> None:
-    # A one-checkpoint commit is one statement outside any transaction: a connection ended
-    # while it sat in the pool must fail before that statement is sent (the write is then
-    # known not to have happened, and is sent again on a new connection), never after.
-    from rayfleet.ledger import _postgres
-
+@contextlib.contextmanager
+def _committed_once_then_ended(postgres_url: str) -> Iterator[tuple[Ledger, int]]:
+    """A ledger on one pooled connection that committed version 1 of ``t/a``, after which the server ended
+    that connection; yields the ledger and the lease's token."""
     application = f"rf-alone-{uuid.uuid4().hex[:8]}"
     ledger = Ledger(PostgresDatabase(f"{postgres_url}&application_name={application}", pool_size=1))
     try:
@@ -284,12 +283,22 @@ def test_a_commit_sent_alone_over_a_connection_the_server_ended_is_sent_again(po
         token = ledger.acquire(holder="h", identities=["t/a"], ttl=60)["t/a"].grant.fencing_token  # type: ignore[union-attr]
         assert _one_checkpoint(ledger, token, 1) == [None]
         assert _ended_by_the_server(postgres_url, application) == 1
+        yield ledger, token
+    finally:
+        ledger.close()
+
+
+def test_a_commit_sent_alone_over_a_connection_the_server_ended_is_sent_again(postgres_url: str) -> None:
+    # A one-checkpoint commit is one statement outside any transaction: a connection ended
+    # while it sat in the pool must fail before that statement is sent (the write is then
+    # known not to have happened, and is sent again on a new connection), never after.
+    from rayfleet.ledger import _postgres
+
+    with _committed_once_then_ended(postgres_url) as (ledger, token):
         time.sleep(_postgres.ALIVE_FOR + 0.1)  # the pooled connection has not answered lately
         assert _one_checkpoint(ledger, token, 2) == [None]
         assert ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version == 2  # type: ignore[union-attr]
         assert [key for key, _ in ledger.dedup_window("t/a")] == ["k1", "k2"]
-    finally:
-        ledger.close()
 
 
 def test_a_commit_sent_alone_over_a_connection_ended_just_after_it_answered_is_reported_unknown(
@@ -302,17 +311,8 @@ def test_a_commit_sent_alone_over_a_connection_ended_just_after_it_answered_is_r
     from rayfleet.ledger import _postgres
 
     monkeypatch.setattr(_postgres, "ALIVE_FOR", 3600.0)  # "just after", however slow this machine is
-
-    application = f"rf-alone-{uuid.uuid4().hex[:8]}"
-    ledger = Ledger(PostgresDatabase(f"{postgres_url}&application_name={application}", pool_size=1))
-    try:
-        register(ledger, "t/a")
-        token = ledger.acquire(holder="h", identities=["t/a"], ttl=60)["t/a"].grant.fencing_token  # type: ignore[union-attr]
-        assert _one_checkpoint(ledger, token, 1) == [None]
-        assert _ended_by_the_server(postgres_url, application) == 1
+    with _committed_once_then_ended(postgres_url) as (ledger, token):
         with pytest.raises(LedgerUnavailableError) as caught:
             _one_checkpoint(ledger, token, 2)
         assert caught.value.committed_unknown
         assert ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version == 1  # type: ignore[union-attr]
-    finally:
-        ledger.close()
