@@ -14,6 +14,10 @@ Guarantees, and why they hold with many hosts on many nodes writing at once:
   ``committed_unknown`` and never retried blindly.
 * The incarnation is the server's start time, so the ledger applies lock-delay once
   after the database restarted, however many processes open it.
+* A write that is one statement (``write_alone``) is sent outside any transaction and is
+  a transaction of its own, also ``SERIALIZABLE`` (the sessions' default level). It
+  cannot prove its connection alive before the write as a transaction does, so a
+  connection that has not answered for ``ALIVE_FOR`` seconds is checked first.
 """
 
 from __future__ import annotations
