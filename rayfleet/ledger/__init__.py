@@ -31,6 +31,7 @@ from ._values import RegisterOutcome as RegisterOutcome
 from ._values import RunLease as RunLease
 from ._values import RunRecord as RunRecord
 from ._values import RunRequests as RunRequests
+from ._values import RunStart as RunStart
 from ._values import SpecRecord as SpecRecord
 from ._values import StepEntry as StepEntry
 from ._values import StepJournaled as StepJournaled
@@ -62,6 +63,7 @@ __all__ = [
     "RunLease",
     "RunRecord",
     "RunRequests",
+    "RunStart",
     "SnapshotPointer",
     "StepJournaled",
     "StoredMessage",

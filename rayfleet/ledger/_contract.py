@@ -36,6 +36,7 @@ from ._values import (
     RunLease,
     RunRecord,
     RunRequests,
+    RunStart,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -205,9 +206,13 @@ class LedgerClient(Protocol):
         ...
 
     def set_run_status(
-        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
-    ) -> LedgerCall[None]:
-        """Record a run's status under the run's token (``detail=None`` keeps the recorded detail; fenced)."""
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None,
+        release_holder: str | None = None,
+    ) -> LedgerCall[RunRequests]:
+        """Record a run's status under the run's token (``detail=None`` keeps the recorded detail; fenced).
+
+        With ``release_holder``, also give up that holder's run lease under the token. Answers
+        what is asked of the run (cancel, pause) as of the write."""
         ...
 
     def request_run(
@@ -238,6 +243,12 @@ class LedgerClient(Protocol):
         self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
     ) -> LedgerCall[RunLease]:
         """Make ``holder`` the run's engine under a strictly larger token (``RunOwnedElsewhereError`` if held)."""
+        ...
+
+    def start_run(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunStart]:
+        """:meth:`acquire_run_lease` and the run's journal as of the grant, in one transaction."""
         ...
 
     def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:

@@ -48,6 +48,7 @@ from ._values import (
     RunLease,
     RunRecord,
     RunRequests,
+    RunStart,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -400,14 +401,20 @@ class Ledger:
         return self._db.read(lambda tx: _runs.definition(tx, run_id))
 
     def set_run_status(
-        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
-    ) -> None:
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None,
+        release_holder: str | None = None,
+    ) -> RunRequests:
         """Record a run's status (fenced by the run's token); ``detail=None`` keeps the detail already recorded.
 
+        With ``release_holder``, the run's lease is given up in the same transaction if
+        that holder still holds it under ``fencing_token`` (an engine's last write).
+        Returns what is asked of the run as of this write, so its engine needs no read of
+        its own before starting a step.
+
         Raises:
-            StaleRunTokenError: ``fencing_token`` is not the run's current token.
+            StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
         """
-        self._db.write(
+        return self._db.write(
             lambda tx: _runs.set_status(
                 tx,
                 run_id=run_id,
@@ -415,6 +422,7 @@ class Ledger:
                 status=status,
                 detail=detail,
                 outcome=outcome,
+                release_holder=release_holder,
                 now=self._now(tx),
             )
         )
@@ -482,10 +490,28 @@ class Ledger:
             RunOwnedElsewhereError: another holder's lease is live; it names the holder.
             InvalidSpecError: ``ttl`` is not positive.
         """
-        if ttl <= 0:
-            raise InvalidSpecError(f"run lease ttl must be positive, got {ttl!r}", field="ttl")
+        _check_run_lease_ttl(ttl)
         return self._db.write(
             lambda tx: _runs.acquire_lease(
+                tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx)
+            )
+        )
+
+    def start_run(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> RunStart:
+        """:meth:`acquire_run_lease`, and the run's :meth:`journal` as of the grant, in one transaction.
+
+        What an engine does first: once it holds the lease, no other engine can journal
+        a step, so the journal it reads is the one it resumes from.
+
+        Raises:
+            RunOwnedElsewhereError: another holder's lease is live; it names the holder.
+            InvalidSpecError: ``ttl`` is not positive.
+        """
+        _check_run_lease_ttl(ttl)
+        return self._db.write(
+            lambda tx: _runs.start(
                 tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx)
             )
         )
@@ -649,3 +675,8 @@ class Ledger:
     def hosts(self) -> list[HostInfo]:
         """Registered hosts, by name."""
         return self._db.read(lambda tx: _hosts.hosts(tx))
+
+
+def _check_run_lease_ttl(ttl: float) -> None:
+    if ttl <= 0:
+        raise InvalidSpecError(f"run lease ttl must be positive, got {ttl!r}", field="ttl")

@@ -38,6 +38,7 @@ from ._values import (
     RunLease,
     RunRecord,
     RunRequests,
+    RunStart,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -291,8 +292,9 @@ class LocalLedgerClient:
         return self._run(self.ledger.run_definition, run_id)
 
     def set_run_status(
-        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
-    ) -> LedgerCall[None]:
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None,
+        release_holder: str | None = None,
+    ) -> LedgerCall[RunRequests]:
         return self._run(
             self.ledger.set_run_status,
             run_id=run_id,
@@ -300,6 +302,7 @@ class LocalLedgerClient:
             status=status,
             detail=detail,
             outcome=outcome,
+            release_holder=release_holder,
         )
 
     def request_run(self, *, run_id: str, cancel: bool | None = None, pause: bool | None = None) -> LedgerCall[bool]:
@@ -343,6 +346,11 @@ class LocalLedgerClient:
         return self._run(
             self.ledger.acquire_run_lease, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from
         )
+
+    def start_run(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunStart]:
+        return self._run(self.ledger.start_run, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from)
 
     def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
         return self._run(self.ledger.renew_run_lease, run_id=run_id, holder=holder, token=token)

@@ -31,7 +31,16 @@ from ..errors import InvalidSpecError
 from . import _leases
 from ._run_rules import Holding, fence_refusal, grant_refusal, renew_refusal
 from ._store import Cursor, Row, Transaction
-from ._values import JournalEntry, JournalRecord, RunLease, RunRecord, RunRequests, StepEntry, StepJournaled
+from ._values import (
+    JournalEntry,
+    JournalRecord,
+    RunLease,
+    RunRecord,
+    RunRequests,
+    RunStart,
+    StepEntry,
+    StepJournaled,
+)
 
 ENDED = ("COMPLETED", "COMPENSATED", "FAILED", "CANCELLED")
 _RUN_COLUMNS = ("runs.run_id, workflow, code_version, status, detail, cancel_requested, pause_requested, "
@@ -92,14 +101,32 @@ def definition(tx: Transaction, run_id: str) -> bytes | None:
 
 def set_status(
     tx: Transaction, *, run_id: str, fencing_token: int, status: str, detail: str | None, outcome: bytes | None,
-    now: float,
-) -> None:
+    release_holder: str | None, now: float,
+) -> RunRequests:
+    asked = _asked(tx, run_id)
     check_fence(tx, run_id, fencing_token)
     tx.execute(
         "UPDATE runs SET status = ?, detail = COALESCE(?, detail), outcome = COALESCE(?, outcome), "
         "updated_at = ? WHERE run_id = ?",
         (status, detail, outcome, now, run_id),
     )
+    if release_holder is not None:
+        release_lease(tx, run_id=run_id, holder=release_holder, token=fencing_token)
+    return _requests(asked)
+
+
+def _asked(tx: Transaction, run_id: str) -> Cursor:
+    """Queue the read of what is asked of a run; :func:`_requests` judges it once the write's statements are queued.
+
+    Statement order matters on a store that sends statements only when a result is
+    read: the requests travel with the fence check, the writes with the commit.
+    """
+    return tx.execute("SELECT cancel_requested, pause_requested FROM runs WHERE run_id = ?", (run_id,))
+
+
+def _requests(asked: Cursor) -> RunRequests:
+    row = asked.fetchone()
+    return RunRequests() if row is None else RunRequests(cancel=bool(row[0]), pause=bool(row[1]))
 
 
 def request(tx: Transaction, *, run_id: str, cancel: bool | None, pause: bool | None) -> bool:
@@ -126,13 +153,10 @@ def journal(tx: Transaction, run_id: str) -> JournalRecord:
 def journal_step(
     tx: Transaction, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
 ) -> RunRequests:
-    # Statement order matters on a store that sends statements only when a result is
-    # read: the requests travel with the fence check, the insert with the commit.
-    asked = tx.execute("SELECT cancel_requested, pause_requested FROM runs WHERE run_id = ?", (run_id,))
+    asked = _asked(tx, run_id)
     check_fence(tx, run_id, fencing_token)
     _insert_step(tx, run_id=run_id, label=label, output=output, tokens=tokens)
-    row = asked.fetchone()
-    return RunRequests() if row is None else RunRequests(cancel=bool(row[0]), pause=bool(row[1]))
+    return _requests(asked)
 
 
 def _insert_step(tx: Transaction, *, run_id: str, label: str, output: bytes, tokens: int) -> None:
@@ -233,6 +257,13 @@ def acquire_lease(
         # The caller knows the previous engine is dead: its exclusive steps will not finish.
         tx.execute("DELETE FROM step_leases WHERE run_id = ?", (run_id,))
     return RunLease(run_id=run_id, holder=holder, token=token, ttl=ttl)
+
+
+def start(
+    tx: Transaction, *, run_id: str, holder: str, ttl: float, takeover_from: str | None, now: float
+) -> RunStart:
+    lease = acquire_lease(tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=now)
+    return RunStart(lease=lease, journal=journal(tx, run_id))
 
 
 def renew_lease(tx: Transaction, *, run_id: str, holder: str, token: int, now: float) -> RunLease:

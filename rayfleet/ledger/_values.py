@@ -279,6 +279,14 @@ class RunLease:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart:
+    """A run's lease granted to its engine, and the run's journal as of the grant (one transaction)."""
+
+    lease: RunLease
+    journal: JournalRecord
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JournalEntry:
     """One journaled step output (pickled or Arrow IPC bytes) and the tokens it spent."""
 

@@ -794,12 +794,16 @@ class Fleet:
     async def run_async(self, workflow: Workflow, *, run_id: str | None = None, force: bool = False) -> WorkflowOutcome:
         """:meth:`run`, awaited."""
         workflow.validate()
+        resuming = run_id is not None
         run_id = run_id or new_run_id(workflow)
         self._ledger.create_run(run_id=run_id, workflow=workflow.name, code_version=workflow.code_version(),
                                 definition=None, force=force).result()
-        record = self._ledger.run(run_id).result()
+        takeover = None
+        if resuming:  # a run id minted just now has had no engine: there is nobody to take over from
+            record = self._ledger.run(run_id).result()
+            takeover = self._dead_runner(None if record is None else record.owner)
         return await execute_run(self._courier, workflow, run_id, self._journal_file_store(), holder=driver_holder(),
-                                 takeover_from=self._dead_runner(None if record is None else record.owner))
+                                 takeover_from=takeover)
 
     def _dead_runner(self, owner: str | None) -> str | None:
         """``owner`` if it names a runner of this fleet and Ray knows no runner actor any more."""

@@ -38,6 +38,7 @@ from ..ledger._values import (
     RunLease,
     RunRecord,
     RunRequests,
+    RunStart,
     SpecRecord,
     StoredMessage,
     TopologyChange,
@@ -226,6 +227,9 @@ class LedgerActor:
 
     def acquire_run_lease(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.acquire_run_lease, args, kwargs)
+
+    def start_run(self, *args: Any, **kwargs: Any) -> Any:
+        return _answer(self._refusal, self._ledger.start_run, args, kwargs)
 
     def renew_run_lease(self, *args: Any, **kwargs: Any) -> Any:
         return _answer(self._refusal, self._ledger.renew_run_lease, args, kwargs)
@@ -460,10 +464,12 @@ class RayLedgerClient:
         return _RayCall(self.actor.run_definition.remote(run_id))
 
     def set_run_status(
-        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None
-    ) -> LedgerCall[None]:
+        self, *, run_id: str, fencing_token: int, status: str, detail: str | None = "", outcome: bytes | None = None,
+        release_holder: str | None = None,
+    ) -> LedgerCall[RunRequests]:
         return _RayCall(self.actor.set_run_status.remote(
-            run_id=run_id, fencing_token=fencing_token, status=status, detail=detail, outcome=outcome
+            run_id=run_id, fencing_token=fencing_token, status=status, detail=detail, outcome=outcome,
+            release_holder=release_holder,
         ))
 
     def request_run(
@@ -494,6 +500,12 @@ class RayLedgerClient:
         return _RayCall(self.actor.acquire_run_lease.remote(
             run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from
         ))
+
+    def start_run(
+        self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
+    ) -> LedgerCall[RunStart]:
+        return _RayCall(self.actor.start_run.remote(run_id=run_id, holder=holder, ttl=ttl,
+                                                    takeover_from=takeover_from))
 
     def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> LedgerCall[RunLease]:
         return _RayCall(self.actor.renew_run_lease.remote(run_id=run_id, holder=holder, token=token))

@@ -35,9 +35,9 @@ from ..host._messages import Envelope
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
-from ..ledger._values import RunRequests
+from ..ledger._values import JournalRecord, RunRequests
 from ..retry import RetryPolicy
-from ..workflow import JournalState
+from ..workflow import JournalState, StartedRun
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import JournalWith, StepReply, WorkflowEngine
 from ._ledger_client import connect_ledger_from
@@ -101,6 +101,14 @@ class LedgerJournal:
                                                      takeover_from=takeover_from)
         return lease.token
 
+    async def start(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> StartedRun:
+        """Raises:
+            RunOwnedElsewhereError: another holder's lease is live.
+            WorkflowError: a spilled output cannot be read back (named step, file and storage).
+        """
+        started = await self._ledger.start_run(run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from)
+        return StartedRun(token=started.lease.token, state=await self._state(run_id, started.journal))
+
     async def renew_lease(self, run_id: str, holder: str, token: int) -> None:
         await self._ledger.renew_run_lease(run_id=run_id, holder=holder, token=token)
 
@@ -118,7 +126,9 @@ class LedgerJournal:
         """Raises:
             WorkflowError: a spilled output cannot be read back (named step, file and storage).
         """
-        journal = await self._ledger.journal(run_id)
+        return await self._state(run_id, await self._ledger.journal(run_id))
+
+    async def _state(self, run_id: str, journal: JournalRecord) -> JournalState:
         outputs = {}
         for entry in journal.steps:
             if entry.output[:1] == b"F":
@@ -163,10 +173,13 @@ class LedgerJournal:
         return RunStatus(record.status), record.cancel_requested, record.pause_requested
 
     async def set_status(
-        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None
-    ) -> None:
-        await self._ledger.set_run_status(run_id=run_id, fencing_token=token, status=status.value, detail=detail,
-                                          outcome=None if outcome is None else _pickle_outcome(outcome))
+        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None,
+        release: str | None = None,
+    ) -> RunRequests:
+        return await self._ledger.set_run_status(
+            run_id=run_id, fencing_token=token, status=status.value, detail=detail,
+            outcome=None if outcome is None else _pickle_outcome(outcome), release_holder=release,
+        )
 
 
 def runner_holder_prefix(namespace: str) -> str:
@@ -306,11 +319,10 @@ class RunnerActor:
             return
         try:
             detail = outcome.error.message if outcome.error is not None else "failed"
-            await journal.set_status(run_id, RunStatus.FAILED, detail, token=token, outcome=outcome)
+            await journal.set_status(run_id, RunStatus.FAILED, detail, token=token, outcome=outcome,
+                                     release=self._holder)
         except StaleRunTokenError as error:
             log.warning("run %s was taken over before its failure was recorded: %s", run_id, error)
-            return
-        await journal.release_lease(run_id, self._holder, token)
 
 
 class RunnerClient:

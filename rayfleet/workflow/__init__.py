@@ -13,11 +13,13 @@ from ._engine import JournalWith as JournalWith
 from ._engine import StepReply as StepReply
 from ._journal import Journal as Journal
 from ._journal import JournalState as JournalState
+from ._journal import StartedRun as StartedRun
 
 __all__ = [
     "Dispatcher",
     "Journal",
     "JournalState",
     "JournalWith",
+    "StartedRun",
     "StepReply",
 ]

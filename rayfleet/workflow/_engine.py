@@ -44,7 +44,7 @@ from ._definition import (
     Workflow,
     WorkflowOutcome,
 )
-from ._journal import Journal
+from ._journal import Journal, JournalState
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,10 @@ class WorkflowEngine:
         self._takeover_from = takeover_from
         self._token = 0
         self._lost: StaleRunTokenError | None = None
+        self._ending = False
+        """The run's last status write, which releases its lease, is under way or done."""
+        self._released = False
+        """That write released the lease: nothing is left to release."""
         self._body: asyncio.Task[WorkflowOutcome] | None = None
         self.workflow = workflow
         self.run_id = run_id
@@ -351,9 +355,13 @@ class WorkflowEngine:
         """
         self.workflow.validate()
         self._lost = None
-        self._token = await self._journal.acquire_lease(self.run_id, self.holder, ttl=self._lease_ttl,
-                                                        takeover_from=self._takeover_from)
-        body = self._body = asyncio.create_task(self._run_owned(), name=f"workflow:{self.run_id}")
+        self._ending = self._released = False
+        # The wall clock starts before replay, so replay time counts against the budget.
+        self._meter = BudgetMeter(self.workflow.budget, self._clock)
+        started = await self._journal.start(self.run_id, self.holder, ttl=self._lease_ttl,
+                                            takeover_from=self._takeover_from)
+        self._token = started.token
+        body = self._body = asyncio.create_task(self._run_owned(started.state), name=f"workflow:{self.run_id}")
         keeper = asyncio.create_task(self._keep_lease(), name=f"workflow:{self.run_id}:lease")
         try:
             return await body
@@ -366,7 +374,7 @@ class WorkflowEngine:
             if not body.done():
                 body.cancel()
             await asyncio.gather(keeper, body, return_exceptions=True)
-            if self._lost is None:
+            if self._lost is None and not self._released:
                 try:
                     await self._journal.release_lease(self.run_id, self.holder, self._token)
                 except Exception as error:  # noqa: BLE001 - the lease lapses by TTL anyway
@@ -397,20 +405,25 @@ class WorkflowEngine:
             try:
                 await self._journal.renew_lease(self.run_id, self.holder, self._token)
             except StaleRunTokenError as error:
-                self._lose(error)
+                if not self._ending:  # else the run's last status write released the lease meanwhile
+                    self._lose(error)
                 return
             except Exception as error:  # noqa: BLE001 - e.g. the ledger restarting: fencing, not renewal, decides
                 logger.warning("renewing the lease of run %r failed (%s); retrying", self.run_id, error)
 
-    async def _set_status(self, status: RunStatus, detail: str, outcome: WorkflowOutcome | None = None) -> None:
-        await self._fenced(self._journal.set_status, self.run_id, status, detail, outcome=outcome)
+    async def _set_status(self, status: RunStatus, detail: str) -> RunRequests:
+        return await self._fenced(self._journal.set_status, self.run_id, status, detail)
 
-    async def _run_owned(self) -> WorkflowOutcome:
+    async def _end(self, status: RunStatus, detail: str, outcome: WorkflowOutcome) -> None:
+        """Record how the run ended, giving up its lease in the same write."""
+        self._ending = True
+        await self._fenced(self._journal.set_status, self.run_id, status, detail, outcome=outcome,
+                           release=self.holder)
+        self._released = True
+
+    async def _run_owned(self, state: JournalState) -> WorkflowOutcome:
         order = self.workflow.order()
         self._steps = self.workflow.steps
-        # The wall clock starts before replay, so replay time counts against the budget.
-        self._meter = BudgetMeter(self.workflow.budget, self._clock)
-        state = await self._journal.load(self.run_id)
         self._outputs = dict(state.outputs)
         journaled = [label for label in state.completion_order if label in self._outputs]
         journaled += [label for label in self._outputs if label not in journaled]
@@ -419,7 +432,8 @@ class WorkflowEngine:
         self._served_by = {}
         self._dispatched = {}
         replayed = len(self._completed)
-        await self._set_status(
+        # What this write answers is as fresh as a read: the first steps start on it.
+        self._requests = await self._set_status(
             RunStatus.RUNNING, f"resumed with {replayed} journaled step(s)" if replayed else "started",
         )
         name = self.workflow.name
@@ -432,7 +446,7 @@ class WorkflowEngine:
             raise self._lost
         if failure is None:
             outcome = self._outcome(RunStatus.COMPLETED, None, (), {})
-            await self._set_status(RunStatus.COMPLETED, "every step completed", outcome)
+            await self._end(RunStatus.COMPLETED, "every step completed", outcome)
             self._metrics.run_ended(name, RunStatus.COMPLETED)
             return outcome
 
@@ -446,7 +460,7 @@ class WorkflowEngine:
             listing = "; ".join(f"{label}: {reason}" for label, reason in compensation_errors.items())
             detail += f" | compensation failed for {listing}; undo those steps by hand or rerun their compensation"
         outcome = self._outcome(status, failure, tuple(compensated), compensation_errors)
-        await self._set_status(status, detail, outcome)
+        await self._end(status, detail, outcome)
         self._metrics.run_ended(name, status)
         return outcome
 

@@ -33,6 +33,14 @@ class JournalState:
     compensated: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class StartedRun:
+    """What an engine starts a run with: its lease's token and what the run journaled so far."""
+
+    token: int
+    state: JournalState
+
+
 @runtime_checkable
 class Journal(Protocol):
     """Durable record of a run and its leases: outputs, compensations, status, ownership.
@@ -47,6 +55,14 @@ class Journal(Protocol):
 
     async def acquire_lease(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> int:
         """Make ``holder`` the run's engine for ``ttl`` seconds; return its token.
+
+        Raises:
+            RunOwnedElsewhereError: another holder's lease is live (and is not ``takeover_from``).
+        """
+        ...
+
+    async def start(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> StartedRun:
+        """:meth:`acquire_lease`, then :meth:`load` as of the grant, in one write.
 
         Raises:
             RunOwnedElsewhereError: another holder's lease is live (and is not ``takeover_from``).
@@ -99,9 +115,14 @@ class Journal(Protocol):
         ...
 
     async def set_status(
-        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None
-    ) -> None:
-        """Record a status transition with a human-readable detail, and the outcome once it ended (fenced)."""
+        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None,
+        release: str | None = None,
+    ) -> RunRequests:
+        """Record a status transition with a human-readable detail, and the outcome once it ended (fenced).
+
+        With ``release`` (the holder), the run's lease is given up in the same write, as
+        :meth:`release_lease` would. Returns what is asked of the run as of the write.
+        """
         ...
 
 
@@ -175,6 +196,9 @@ class InMemoryJournal:
     # -- leases
 
     async def acquire_lease(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> int:
+        return self._acquire(run_id, holder, ttl=ttl, takeover_from=takeover_from)
+
+    def _acquire(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None) -> int:
         record, now = self._run(run_id), self._clock()
         refusal = grant_refusal(run_id=run_id, current=record.lease, holder=holder, now=now,
                                 takeover_from=takeover_from)
@@ -187,6 +211,10 @@ class InMemoryJournal:
             record.step_leases.clear()
         return token
 
+    async def start(self, run_id: str, holder: str, *, ttl: float, takeover_from: str | None = None) -> StartedRun:
+        token = self._acquire(run_id, holder, ttl=ttl, takeover_from=takeover_from)
+        return StartedRun(token=token, state=self._state(run_id))
+
     async def renew_lease(self, run_id: str, holder: str, token: int) -> None:
         record = self._run(run_id)
         refusal = renew_refusal(run_id=run_id, current=record.lease, holder=holder, token=token)
@@ -195,7 +223,10 @@ class InMemoryJournal:
         record.lease = Holding(holder=holder, token=token, expires_at=self._clock() + record.lease_ttl)
 
     async def release_lease(self, run_id: str, holder: str, token: int) -> None:
-        record = self._run(run_id)
+        self._release(self._run(run_id), holder, token)
+
+    @staticmethod
+    def _release(record: _RunRecord, holder: str, token: int) -> None:
         lease = record.lease
         if lease is not None and lease.holder == holder and lease.token == token:
             record.lease = Holding(holder=None, token=token, expires_at=lease.expires_at)
@@ -221,6 +252,9 @@ class InMemoryJournal:
     # -- the journal
 
     async def load(self, run_id: str) -> JournalState:
+        return self._state(run_id)
+
+    def _state(self, run_id: str) -> JournalState:
         record = self._run(run_id)
         compensated = tuple(dict.fromkeys(label for label, ok, _ in record.compensations if ok))
         return JournalState(outputs=dict(record.outputs), completion_order=tuple(record.completed),
@@ -252,14 +286,18 @@ class InMemoryJournal:
         return record.status, record.cancel_requested, record.pause_requested
 
     async def set_status(
-        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None
-    ) -> None:
+        self, run_id: str, status: RunStatus, detail: str, *, token: int, outcome: WorkflowOutcome | None = None,
+        release: str | None = None,
+    ) -> RunRequests:
         record = self._check(run_id, token)
         record.status = RunStatus(status)
         record.detail = detail
         record.history.append((record.status, detail))
         if outcome is not None:
             record.outcome = outcome
+        if release is not None:
+            self._release(record, release, token)
+        return RunRequests(cancel=record.cancel_requested, pause=record.pause_requested)
 
     # Control, seeding and inspection helpers (not part of the Journal protocol).
 

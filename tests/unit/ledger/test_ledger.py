@@ -1465,6 +1465,40 @@ def test_run_and_step_leases_live_at_a_restart_are_kept_for_one_ttl(ledger, back
         ledger.close()
 
 
+def test_starting_a_run_grants_its_lease_and_reads_its_journal_in_one_transaction(ledger, clock):
+    run = new_run(ledger)
+    earlier = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    ledger.journal_step(run_id=run, fencing_token=earlier.token, label="s1", output=b"one", tokens=2)
+    ledger.journal_compensation(run_id=run, fencing_token=earlier.token, label="s1", ok=True, error="")
+    with pytest.raises(RunOwnedElsewhereError):  # refused as a grant is: nothing read, nothing granted
+        ledger.start_run(run_id=run, holder="E2", ttl=TTL)
+    clock.advance(TTL)
+    started = ledger.start_run(run_id=run, holder="E2", ttl=TTL)
+    assert (started.lease.holder, started.lease.token) == ("E2", earlier.token + 1)
+    assert started.journal == ledger.journal(run)
+    assert [(e.label, e.output, e.tokens) for e in started.journal.steps] == [("s1", b"one", 2)]
+    assert started.journal.compensated == ("s1",) and ledger.run(run).owner == "E2"
+    with pytest.raises(InvalidSpecError):
+        ledger.start_run(run_id=run, holder="E3", ttl=0)
+
+
+def test_a_run_status_write_answers_the_requests_and_can_release_the_lease(ledger):
+    run = new_run(ledger)
+    lease = ledger.acquire_run_lease(run_id=run, holder="E1", ttl=TTL)
+    assert ledger.set_run_status(run_id=run, fencing_token=lease.token, status="RUNNING") == RunRequests()
+    ledger.request_run(run_id=run, cancel=True)
+    asked = ledger.set_run_status(run_id=run, fencing_token=lease.token, status="RUNNING")
+    assert asked == RunRequests(cancel=True, pause=False) and ledger.run(run).owner == "E1"
+    # Only the named holder's lease is given up; the token stays the run's high-water.
+    ledger.set_run_status(run_id=run, fencing_token=lease.token, status="RUNNING", release_holder="E9")
+    assert ledger.run(run).owner == "E1"
+    ledger.set_run_status(run_id=run, fencing_token=lease.token, status="CANCELLED", release_holder="E1")
+    assert ledger.run(run).owner is None and ledger.run(run).status == "CANCELLED"
+    with pytest.raises(StaleRunTokenError):
+        ledger.renew_run_lease(run_id=run, holder="E1", token=lease.token)
+    assert ledger.acquire_run_lease(run_id=run, holder="E2", ttl=TTL).token == lease.token + 1
+
+
 def test_run_lease_ttls_must_be_positive(ledger):
     run = new_run(ledger)
     with pytest.raises(InvalidSpecError):

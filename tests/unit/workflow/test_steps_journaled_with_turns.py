@@ -18,6 +18,7 @@ from rayfleet.retry import RetryPolicy
 from rayfleet.testing import InMemoryJournal
 from rayfleet.workflow._definition import RunStatus, Workflow
 from rayfleet.workflow._engine import WorkflowEngine
+from rayfleet.workflow._journal import Journal
 
 
 class CountingJournal(InMemoryJournal):
@@ -132,3 +133,32 @@ async def test_a_stale_run_token_journals_nothing_and_the_engine_loses_the_run(f
     assert (await journal.load("r")).outputs == {}
     assert journal.engine_writes == ["a"]  # told nothing was journaled, the engine tried, and was refused
     assert [call["method"] for call in fleet.calls] == ["first"]
+
+
+class CallLog(InMemoryJournal):
+    """Records every journal call the engine makes, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        attribute = super().__getattribute__(name)
+        if name in _JOURNAL_CALLS:
+            super().__getattribute__("calls").append(name)
+        return attribute
+
+
+_JOURNAL_CALLS = frozenset(name for name in vars(Journal) if not name.startswith("_"))
+
+
+async def test_a_run_opens_and_ends_with_one_journal_write_each(fleet) -> None:
+    # Each journal call is a ledger transaction (a round trip on PostgreSQL): taking the
+    # lease and reading the journal are one, recording RUNNING answers the run's requests
+    # so no read of its own precedes the first step, and the last status releases the lease.
+    journal = CallLog()
+    fleet.journal_with_turns = journal
+    outcome = await WorkflowEngine(chain(), run_id="r", dispatcher=fleet, journal=journal).run()
+    assert outcome.status is RunStatus.COMPLETED
+    assert journal.calls == ["start", "set_status", "set_status"]
+    assert journal.owner("r")[0] is None  # released by the last status write

@@ -424,7 +424,18 @@ async def test_a_chain_reads_the_run_requests_from_its_journal_writes_not_once_p
         wf.step(f"s{index}", to="a1", call="work", after=[f"s{index - 1}"] if index else ())
     outcome = await engine(wf, fleet, CountingJournal()).run()
     assert outcome.status is RunStatus.COMPLETED and len(outcome.outputs) == 10
-    assert CountingJournal.reads == 1  # before the first step only
+    assert CountingJournal.reads == 0  # the RUNNING write answered them before the first step
+
+
+async def test_a_cancel_asked_before_the_run_starts_is_answered_by_its_running_write(fleet) -> None:
+    journal = InMemoryJournal()
+    journal.request_cancel("run-1")
+    wf = Workflow("wf")
+    wf.step("a", to="a1", call="work")
+    outcome = await engine(wf, fleet, journal).run()
+    assert outcome.status is RunStatus.CANCELLED and fleet.counts[("a1", "work")] == 0
+    assert [status for status, _ in journal.history("run-1")] == [RunStatus.RUNNING, RunStatus.CANCELLED]
+    assert journal.owner("run-1")[0] is None
 
 
 async def test_a_cancel_asked_while_parallel_steps_run_stops_the_steps_after_them(fleet) -> None:
