@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from .._deadlines import within
 from ..checkpoints._committer import INLINE_STATE_BYTES
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
@@ -165,8 +166,8 @@ class _HostRouter:
         runtime = self._host.runtime
         if runtime.is_active(target):
             try:
-                return await asyncio.wait_for(_deliver_as_turn(runtime, envelope), timeout)
-            except asyncio.TimeoutError:
+                return await within(_deliver_as_turn(runtime, envelope), timeout)
+            except TimeoutError:
                 raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
         return await self._host.courier.route_async(target, deliver_request(envelope), method=method, timeout=timeout)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .._deadlines import within
 from ..errors import (
     BudgetExceededError,
     DeadlineExceededError,
@@ -674,7 +675,7 @@ class WorkflowEngine:
         for resend in range(INFRASTRUCTURE_RETRY.max_attempts):
             remaining = timeout if resend == 0 else max(deadline - time.monotonic(), 0.0)
             try:
-                result = await asyncio.wait_for(
+                result = await within(
                     self._dispatcher.call(
                         target=target, method=method, payload=payload, idempotency_key=key, timeout=remaining,
                         conversation=conversation, fence=fence, journal=journal,
