@@ -26,9 +26,11 @@ never read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future as Finished
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +109,7 @@ class Batcher:
         except Exception as error:  # noqa: BLE001 - each caller's route judges it, as if its own call had met it
             _fail_all(batch.replies, error)
             return
-        answered = asyncio.wrap_future(pending.future())
-        answered.add_done_callback(lambda done: _settle(batch, done))
+        _when_done(pending, asyncio.get_running_loop(), lambda done: _settle(batch, done))
 
 
 def submit(
@@ -130,10 +131,28 @@ def _send_alone(handle: ray.actor.ActorHandle, request: EnvelopeRequest, reply: 
     except Exception as error:  # noqa: BLE001 - raised on a loop callback, it would reach no caller: give it to one
         _fail(reply, error)
         return
-    _chain(asyncio.wrap_future(pending.future()), reply)
+    _chain(pending, reply)
 
 
-def _settle(batch: _Open, answered: asyncio.Future[Answered]) -> None:
+def _when_done(
+    pending: ray.ObjectRef[Any], loop: asyncio.AbstractEventLoop, callback: Callable[[Finished[Any]], None]
+) -> None:
+    """Run ``callback`` on ``loop`` with ``pending``'s finished future once Ray has the answer.
+
+    Ray finishes the future on a thread of its own. ``asyncio.wrap_future`` would take
+    two loop turns from there to a callback (one to copy the state into an asyncio
+    future, one to run that future's callbacks); this takes one.
+    """
+
+    def on_ray_thread(done: Finished[Any]) -> None:
+        # A loop closed meanwhile has nobody left to answer (wrap_future drops it too).
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(callback, done)
+
+    pending.future().add_done_callback(on_ray_thread)
+
+
+def _settle(batch: _Open, answered: Finished[Answered]) -> None:
     if answered.cancelled():
         for reply in batch.replies:
             reply.cancel()
@@ -148,11 +167,13 @@ def _settle(batch: _Open, answered: asyncio.Future[Answered]) -> None:
             if not reply.done():
                 reply.set_result(value)  # type: ignore[arg-type]
         elif not reply.done():
-            _chain(asyncio.wrap_future(batch.handle.collect.remote(token).future()), reply)
+            _chain(batch.handle.collect.remote(token), reply)
 
 
-def _chain(source: asyncio.Future[Any], reply: asyncio.Future[Reply]) -> None:
-    def copy(done: asyncio.Future[Any]) -> None:
+def _chain(pending: ray.ObjectRef[Any], reply: asyncio.Future[Reply]) -> None:
+    """Give ``reply`` what ``pending`` answers (its value, its error, or its cancellation)."""
+
+    def copy(done: Finished[Any]) -> None:
         if reply.done():
             return
         if done.cancelled():
@@ -162,7 +183,7 @@ def _chain(source: asyncio.Future[Any], reply: asyncio.Future[Reply]) -> None:
         else:
             reply.set_result(done.result())
 
-    source.add_done_callback(copy)
+    _when_done(pending, reply.get_loop(), copy)
 
 
 def _fail(reply: asyncio.Future[Reply], error: BaseException) -> None:
