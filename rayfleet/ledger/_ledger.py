@@ -33,7 +33,7 @@ from . import (
     _views,
 )
 from ._sqlite import SqliteDatabase
-from ._store import Database, Transaction
+from ._store import AwaitedWrites, Database, Transaction
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -78,6 +78,7 @@ class Ledger:
         self, database: Database | str | Path, *, clock: Callable[[], float] | None = None, authority: bool = True,
     ) -> None:
         self._db: Database = SqliteDatabase(database) if isinstance(database, (str, Path)) else database
+        self._awaited = self._db if isinstance(self._db, AwaitedWrites) else None
         self._clock = clock
         self.incarnation = uuid.uuid4().hex[:8]
         """Changes every time a ledger opens, so clients can tell a restart."""
@@ -304,6 +305,30 @@ class Ledger:
             if moved:
                 return [outcome]
         return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
+
+    def commits_awaited(self, commits: Sequence[CheckpointCommit]) -> bool:
+        """Whether :meth:`commit_checkpoints_awaited` can take ``commits``: one checkpoint of one
+        statement (at most one key) on a store with awaited writes (PostgreSQL)."""
+        return (self._awaited is not None and len(commits) == 1 and self._db.dialect.writes_in_with
+                and _checkpoints.fits_alone(commits[0]))
+
+    async def commit_checkpoints_awaited(self, commits: Sequence[CheckpointCommit]) -> list[CommitOutcome] | None:
+        """:meth:`commit_checkpoints`' one statement, awaited on the caller's event loop (see :meth:`commits_awaited`).
+
+        Returns the outcomes as :meth:`commit_checkpoints` would when the checkpoint
+        passed; ``None`` when it did not (nothing was written): :meth:`commit_checkpoints`
+        then judges it and names the refusal. Raises as :meth:`commit_checkpoints` does
+        when the store is unavailable.
+        """
+        if self._awaited is None or not self.commits_awaited(commits):
+            raise InvalidSpecError(
+                "commit_checkpoints_awaited takes one checkpoint with at most one key on a store with awaited "
+                "writes; check commits_awaited() first and use commit_checkpoints otherwise", field="commits",
+            )
+        (item,) = commits
+        sql, parameters = _checkpoints.alone(item, self._stamp())
+        moved, outcome = _checkpoints.alone_outcome(item, await self._awaited.write_alone_async(sql, parameters))
+        return [outcome] if moved else None
 
     def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[CommitOutcome] | None:
         """:meth:`commit_checkpoints` if the store can take it without waiting; ``None`` (nothing written) if not.

@@ -4,7 +4,9 @@ With ``threads=0`` (tests, tools) each operation runs when it is called, on the 
 thread, and its reply (or refusal) comes back through a completed :class:`LedgerCall`;
 awaiting it never suspends. With ``threads > 0`` operations run on a thread pool, so
 an event loop awaiting them keeps serving other work while the database answers: this
-is how hosts, drivers and the runner reach a PostgreSQL ledger directly.
+is how hosts, drivers and the runner reach a PostgreSQL ledger directly. A commit of one
+checkpoint awaited on an event loop, on a store with awaited writes (PostgreSQL), runs on
+that loop instead (:class:`Awaited`): no worker thread to hand it to and back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -84,6 +86,26 @@ class Pending(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         return asyncio.wrap_future(self._future).__await__()
+
+
+class Awaited(Generic[T]):
+    """A :class:`LedgerCall` that runs on the awaiting event loop, or on a worker thread for :meth:`result`.
+
+    Unlike the other calls it starts when it is awaited (or :meth:`result` is called),
+    not when it is made.
+    """
+
+    __slots__ = ("_awaited", "_blocking")
+
+    def __init__(self, awaited: Callable[[], Awaitable[T]], blocking: Callable[[], LedgerCall[T]]) -> None:
+        self._awaited = awaited
+        self._blocking = blocking
+
+    def result(self, timeout: float | None = None) -> T:
+        return self._blocking().result(timeout)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._awaited().__await__()
 
 
 def _run_now(operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Completed[T]:
@@ -228,7 +250,24 @@ class LocalLedgerClient:
             done = self._written_now("commit_checkpoints", lambda: self.ledger.commit_checkpoints_now(commits))
             if done is not None:
                 return done
+        if self._executor is not None and self.ledger.commits_awaited(commits) and _on_a_running_loop():
+            return Awaited(lambda: self._commit_awaited(commits),
+                           lambda: self._run(self.ledger.commit_checkpoints, commits))
         return self._run(self.ledger.commit_checkpoints, commits)
+
+    async def _commit_awaited(self, commits: Sequence[CheckpointCommit]) -> list[CommitOutcome]:
+        """The commit's one statement on this event loop; one that did not pass goes to the worker thread's path."""
+        started = time.perf_counter()
+        try:
+            outcomes = await self.ledger.commit_checkpoints_awaited(commits)
+        except Exception as error:
+            self._heard("commit_checkpoints", type(error).__name__, started)
+            raise
+        if outcomes is None:
+            # Refused, or not for this statement to judge: the transaction names the reason.
+            return await self._run(self.ledger.commit_checkpoints, commits)
+        self._heard("commit_checkpoints", "OK", started)
+        return outcomes
 
     def _written_now(self, operation: str, write_now: Callable[[], T | None]) -> LedgerCall[T] | None:
         """The answer of ``write_now()`` (a ledger ``*_now`` write, on this thread); ``None`` if it wrote nothing."""
@@ -455,3 +494,11 @@ def _observed(operation: Callable[P, T], observe: OperationObserver) -> Callable
             observe(operation.__name__, outcome, time.perf_counter() - started)
 
     return run
+
+
+def _on_a_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

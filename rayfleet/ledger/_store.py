@@ -13,7 +13,7 @@ which a ``with`` block cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ._schema import Dialect
 
@@ -88,3 +88,16 @@ class Database(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AwaitedWrites(Protocol):
+    """A :class:`Database` that can also run :meth:`Database.write_alone` awaited on the caller's event loop.
+
+    A store whose writes are network exchanges (PostgreSQL) saves the worker thread a
+    blocking call needs; a local file (SQLite) has nothing to await.
+    """
+
+    async def write_alone_async(self, sql: str, parameters: Sequence[Any] = ...) -> list[Row]:
+        """:meth:`Database.write_alone`, awaited: same guarantees and failures."""
+        ...
