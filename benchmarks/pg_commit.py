@@ -4,13 +4,13 @@ Whole Ray calls timed from this process, each making one keyed checkpoint commit
 inline State and one idempotency key) in a plain async actor over the same identity,
 rounds interleaved. The modes:
 
-* the ledger's commit (``Ledger`` over ``PostgresDatabase``: one statement outside any
-  transaction, see ``_checkpoints.alone``) on the ledger client's worker thread, as
-  hosts commit, and on the event loop (blocking it);
-* the same statement over psycopg's asynchronous connection on the event loop (what an
-  asynchronous path would give);
+* the ledger client's commit awaited on the actor's event loop, as hosts commit
+  (``LocalLedgerClient`` over ``PostgresDatabase``: one statement outside any
+  transaction, see ``_checkpoints.alone``, sent with psycopg's asynchronous connection);
+* the same statement sent blocking, on a worker thread (as hosts committed before) and
+  on the event loop (blocking it);
 * the transaction that statement replaced (the guarded update, whose row count is read,
-  then the keys and the ``COMMIT``), on the worker thread;
+  then the keys and the ``COMMIT``), on a worker thread;
 * the call alone, with no commit.
 
 Beside them, from this process: the ledger's commit in a loop, a bare ``UPDATE`` and
@@ -45,9 +45,9 @@ STATE = b"x" * 200
 
 MODES = {
     "call alone, no commit": "nothing",
-    "ledger commit (one statement), worker thread, as hosts commit": "ledger_threaded",
-    "ledger commit (one statement), on the event loop": "ledger_on_loop",
-    "the same statement, asynchronous psycopg on the event loop": "statement_async",
+    "ledger client's commit, awaited on the event loop, as hosts commit": "client_awaited",
+    "ledger commit (one statement), on a worker thread, as hosts committed before": "ledger_threaded",
+    "ledger commit (one statement), blocking the event loop": "ledger_on_loop",
     "the transaction it replaced, worker thread": "transaction_threaded",
 }
 
@@ -67,7 +67,6 @@ class Committer:
         self.client = LocalLedgerClient(self.ledger, threads=4)
         self.version = 0
         self._thread = concurrent.futures.ThreadPoolExecutor(1)
-        self._async: psycopg.AsyncConnection[Any] | None = None
 
     def next(self) -> list[CheckpointCommit]:
         self.version += 1
@@ -80,22 +79,19 @@ class Committer:
     async def nothing(self) -> None:
         return None
 
+    async def client_awaited(self) -> None:
+        if await self.client.commit_checkpoints(self.next()) != [None]:
+            raise RuntimeError("the commit was refused")
+
     async def ledger_threaded(self) -> None:
-        await self.client.commit_checkpoints(self.next())
+        commits = self.next()
+        outcomes = await asyncio.get_running_loop().run_in_executor(self._thread, self.ledger.commit_checkpoints,
+                                                                    commits)
+        if outcomes != [None]:
+            raise RuntimeError(f"the commit was refused: {outcomes}")
 
     async def ledger_on_loop(self) -> None:
         self.ledger.commit_checkpoints(self.next())
-
-    async def statement_async(self) -> None:
-        if self._async is None:
-            self._async = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-            await self._async.execute("SET default_transaction_isolation = 'serializable'")
-        (item,) = self.next()
-        sql, parameters = _checkpoints.alone(item, _checkpoints.StoreClock(PostgresDatabase.clock_sql))
-        cursor = await self._async.execute(sql.replace("?", "%s"), parameters)
-        row = await cursor.fetchone()
-        if row is None or row[0] != 1:
-            raise RuntimeError(f"the pointer did not move: {row}")
 
     def _transaction(self) -> None:
         batch = self.next()
