@@ -515,12 +515,8 @@ class Ledger:
             RunOwnedElsewhereError: another holder's lease is live; it names the holder.
             InvalidSpecError: ``ttl`` is not positive.
         """
-        _check_run_lease_ttl(ttl)
-        return self._db.write(
-            lambda tx: _runs.acquire_lease(
-                tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx)
-            )
-        )
+        return self._granting_run_lease(_runs.acquire_lease, run_id=run_id, holder=holder, ttl=ttl,
+                                        takeover_from=takeover_from)
 
     def start_run(
         self, *, run_id: str, holder: str, ttl: float = DEFAULT_LEASE_TTL, takeover_from: str | None = None
@@ -528,17 +524,20 @@ class Ledger:
         """:meth:`acquire_run_lease`, and the run's :meth:`journal` as of the grant, in one transaction.
 
         What an engine does first: once it holds the lease, no other engine can journal
-        a step, so the journal it reads is the one it resumes from.
-
-        Raises:
-            RunOwnedElsewhereError: another holder's lease is live; it names the holder.
-            InvalidSpecError: ``ttl`` is not positive.
+        a step, so the journal it reads is the one it resumes from. Refused as
+        :meth:`acquire_run_lease` is, and then nothing is read.
         """
-        _check_run_lease_ttl(ttl)
+        return self._granting_run_lease(_runs.start, run_id=run_id, holder=holder, ttl=ttl,
+                                        takeover_from=takeover_from)
+
+    def _granting_run_lease(
+        self, grant: Callable[..., T], *, run_id: str, holder: str, ttl: float, takeover_from: str | None
+    ) -> T:
+        """``grant`` (a ``_runs`` function that grants the run's lease first) in one write transaction."""
+        if ttl <= 0:
+            raise InvalidSpecError(f"run lease ttl must be positive, got {ttl!r}", field="ttl")
         return self._db.write(
-            lambda tx: _runs.start(
-                tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx)
-            )
+            lambda tx: grant(tx, run_id=run_id, holder=holder, ttl=ttl, takeover_from=takeover_from, now=self._now(tx))
         )
 
     def renew_run_lease(self, *, run_id: str, holder: str, token: int) -> RunLease:
@@ -700,8 +699,3 @@ class Ledger:
     def hosts(self) -> list[HostInfo]:
         """Registered hosts, by name."""
         return self._db.read(lambda tx: _hosts.hosts(tx))
-
-
-def _check_run_lease_ttl(ttl: float) -> None:
-    if ttl <= 0:
-        raise InvalidSpecError(f"run lease ttl must be positive, got {ttl!r}", field="ttl")
