@@ -296,7 +296,7 @@ class Ledger:
         entries change nothing; accepted ones are durable when this returns.
         """
         batch = list(commits)
-        if len(batch) == 1 and self._db.dialect.writes_in_with and _checkpoints.fits_alone(batch[0]):
+        if self._one_statement(batch):
             # The commonest commit, a host's one turn, in one statement (on PostgreSQL one
             # round trip instead of three); only a refusal takes the transaction below.
             (item,) = batch
@@ -306,11 +306,15 @@ class Ledger:
                 return [outcome]
         return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
 
+    def _one_statement(self, batch: Sequence[CheckpointCommit]) -> bool:
+        """Whether ``batch`` commits as one statement: one checkpoint with at most one key, on a store
+        whose ``WITH`` may write (``_checkpoints.alone``)."""
+        return len(batch) == 1 and self._db.dialect.writes_in_with and _checkpoints.fits_alone(batch[0])
+
     def commits_awaited(self, commits: Sequence[CheckpointCommit]) -> bool:
-        """Whether :meth:`commit_checkpoints_awaited` can take ``commits``: one checkpoint of one
-        statement (at most one key) on a store with awaited writes (PostgreSQL)."""
-        return (self._awaited is not None and len(commits) == 1 and self._db.dialect.writes_in_with
-                and _checkpoints.fits_alone(commits[0]))
+        """Whether :meth:`commit_checkpoints_awaited` can take ``commits``: one statement's commit
+        on a store with awaited writes (PostgreSQL)."""
+        return self._awaited is not None and self._one_statement(commits)
 
     async def commit_checkpoints_awaited(self, commits: Sequence[CheckpointCommit]) -> list[CommitOutcome] | None:
         """:meth:`commit_checkpoints`' one statement, awaited on the caller's event loop (see :meth:`commits_awaited`).
@@ -320,7 +324,7 @@ class Ledger:
         then judges it and names the refusal. Raises as :meth:`commit_checkpoints` does
         when the store is unavailable.
         """
-        if self._awaited is None or not self.commits_awaited(commits):
+        if self._awaited is None or not self._one_statement(commits):
             raise InvalidSpecError(
                 "commit_checkpoints_awaited takes one checkpoint with at most one key on a store with awaited "
                 "writes; check commits_awaited() first and use commit_checkpoints otherwise", field="commits",

@@ -213,21 +213,21 @@ class _Retries:
         self._location = location
         self._conflicts = self._losses = 0
 
-    def after(self, error: BaseException, attempt: _Attempt) -> tuple[float, bool]:
+    def after(self, error: Exception, attempt: _Attempt) -> tuple[float, bool]:
         """``(seconds to wait, whether the connection was lost)`` before the next attempt; raises when there is none.
+
+        ``error`` is one of :data:`_RETRIED`.
 
         Raises:
             LedgerUnavailableError: the connection was lost while committing
                 (``committed_unknown``), or too often.
-            BaseException: ``error`` itself, after too many conflicts or when it is not :data:`_RETRIED`.
+            Exception: ``error`` itself, after too many conflicts.
         """
         if isinstance(error, (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)):
             self._conflicts += 1
             if self._conflicts >= CONFLICT_RETRY.max_attempts:
                 raise error
             return CONFLICT_RETRY.delay_for(self._conflicts - 1), False
-        if not isinstance(error, (psycopg.OperationalError, psycopg_pool.PoolTimeout, _ENDED_WHILE_IDLE)):
-            raise error
         # The server ends a session idle inside a transaction (this process was frozen)
         # and rolls it back: nothing was committed, whatever step it was at.
         if attempt.committing and not isinstance(error, _ENDED_WHILE_IDLE):
