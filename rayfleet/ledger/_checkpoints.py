@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
 from ..identity._values import SnapshotPointer
 from . import _leases, _runs
-from ._store import Row, Transaction
+from ._store import Row, Transaction, rows_in
 from ._values import CheckpointCommit, CheckpointRow, CommitOutcome
 
 
@@ -200,14 +200,8 @@ def _judged(tx: Transaction, batch: list[CheckpointCommit], move: _Move) -> list
 
 
 def _versions(tx: Transaction, identities: list[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    names = list(dict.fromkeys(identities))
-    for start in range(0, len(names), _leases.IN_LIST):
-        chunk = names[start:start + _leases.IN_LIST]
-        slots = ", ".join("?" * len(chunk))
-        query = f"SELECT identity, checkpoint_version FROM continuity WHERE identity IN ({slots})"
-        found.update((row[0], int(row[1])) for row in tx.execute(query, chunk))
-    return found
+    return {row[0]: int(row[1]) for row in rows_in(
+        tx, "SELECT identity, checkpoint_version FROM continuity WHERE identity IN", identities)}
 
 
 _ADD_KEY = ("INSERT INTO dedup (identity, key, reply, seq) "

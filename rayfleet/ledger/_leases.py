@@ -36,7 +36,7 @@ from ..errors import (
 from ..identity._names import format_runtime_id
 from ..identity._values import LeaseDenied, LeaseGrant
 from . import _views
-from ._store import Transaction
+from ._store import Transaction, rows_in
 from ._values import Activation
 
 
@@ -104,13 +104,8 @@ def check_fence(tx: Transaction, identity: str, token: int) -> None:
 
 def fence_marks(tx: Transaction, identities: Iterable[str]) -> dict[str, int]:
     """The high-water marks of many identities in a few reads (for :func:`fence_refusal`); absent ones left out."""
-    marks: dict[str, int] = {}
-    names = list(dict.fromkeys(identities))
-    for start in range(0, len(names), IN_LIST):
-        chunk = names[start:start + IN_LIST]
-        query = f"SELECT identity, high_water FROM fences WHERE identity IN ({', '.join('?' * len(chunk))})"
-        marks.update((row[0], int(row[1])) for row in tx.execute(query, chunk))
-    return marks
+    return {row[0]: int(row[1]) for row in rows_in(tx, "SELECT identity, high_water FROM fences WHERE identity IN",
+                                                     identities)}
 
 
 def fence_refusal(identity: str, token: int, high_water: int | None) -> RayfleetError | None:
@@ -122,10 +117,6 @@ def fence_refusal(identity: str, token: int, high_water: int | None) -> Rayfleet
     if token > high_water:
         return LeaseLostError(identity=identity, detail=f"token {token} was never issued (high-water {high_water})")
     return None
-
-
-IN_LIST = 500
-"""Identities per ``IN (...)`` list: well inside every store's limit on statement parameters."""
 
 
 def acquire(

@@ -171,12 +171,7 @@ class Ledger:
         tell a slow owner, which keeps renewing, from a frozen or dead one, whose lease lapses.
         """
         wanted = list(identities)
-
-        def run(tx: Transaction) -> dict[str, LeaseView | None]:
-            now = self._now(tx)
-            return {identity: _views.lease(tx, identity, now) for identity in wanted if _views.exists(tx, identity)}
-
-        return self._db.read(run)
+        return self._db.read(lambda tx: _views.leases(tx, wanted, self._now(tx)))
 
     def list_identities(self, *, labels: Mapping[str, str] | None = None) -> list[IdentityView]:
         """All identities, sorted, optionally only those whose labels include ``labels``."""

@@ -49,6 +49,21 @@ class Transaction(Protocol):
         ...
 
 
+IN_LIST = 500
+"""Values per ``IN (...)`` list: well inside every store's limit on statement parameters."""
+
+
+def rows_in(tx: Transaction, select: str, values: Iterable[Any]) -> Iterator[Row]:
+    """The rows of ``select`` (which ends in ``IN``) for ``values``, a statement per :data:`IN_LIST` of them.
+
+    Repeated values are asked once. Rows come in no particular order.
+    """
+    distinct = list(dict.fromkeys(values))
+    for start in range(0, len(distinct), IN_LIST):
+        chunk = distinct[start:start + IN_LIST]
+        yield from tx.execute(f"{select} ({', '.join('?' * len(chunk))})", chunk)
+
+
 class Database(Protocol):
     """A ledger database: serializable read-write transactions and consistent reads.
 

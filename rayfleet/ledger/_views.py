@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..identity._values import ContinuityRecord, SnapshotPointer
-from ._store import Transaction
+from ._store import Transaction, rows_in
 from ._values import IdentityView, LeaseView
 
 
@@ -36,6 +36,19 @@ def lease(tx: Transaction, identity: str, now: float) -> LeaseView | None:
     row = tx.execute(f"SELECT l.holder, l.token, l.ttl, {LEASE_EXPIRES} FROM leases l {HOLDER_OF_LEASE} "
                      "WHERE l.identity = ?", (identity,)).fetchone()
     return None if row is None else _live_lease(*row, now=now)
+
+
+def leases(tx: Transaction, identities: Iterable[str], now: float) -> dict[str, LeaseView | None]:
+    """The live lease on each of ``identities`` that exists (``None``: none, or expired).
+
+    A few statements for any number of identities (a router asks about a thousand at once).
+    """
+    return {
+        row[0]: _live_lease(*row[1:], now=now)
+        for row in rows_in(tx, f"SELECT i.identity, l.holder, l.token, l.ttl, {LEASE_EXPIRES} FROM identities i "
+                               f"LEFT JOIN leases l ON l.identity = i.identity {HOLDER_OF_LEASE} WHERE i.identity IN",
+                           identities)
+    }
 
 
 def _live_lease(holder: str | None, token: int, ttl: float, expires_at: float, *, now: float) -> LeaseView | None:

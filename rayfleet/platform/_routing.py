@@ -5,7 +5,8 @@ an identity that nobody owns should be activated. A host that gets a message for
 identity leased elsewhere answers with a redirect, and the route is cached.
 
 A request that has waited a probe interval for its reply asks the ledger who holds the
-identity's lease. A live owner keeps renewing, so a slow handler is simply waited for.
+identity's lease (the requests waiting on one event loop ask in one read: see
+``_lease_probes``). A live owner keeps renewing, so a slow handler is simply waited for.
 When the lease has lapsed, or is held by another host, the owner is frozen, dead or
 no longer the owner: the request is sent again (to the holder, or to the next live host,
 which activates the identity under a larger token) and the unanswered copy is cancelled
@@ -35,6 +36,7 @@ from ..ledger._contract import LedgerClient
 from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView
 from ..retry import RetryPolicy
 from ._batching import Batcher, EnvelopeRequest, submit
+from ._lease_probes import LeaseProbes
 from ._replies import ERROR, OK, REDIRECT, Reply
 
 log = logging.getLogger("rayfleet.routing")
@@ -409,8 +411,11 @@ class Courier:
         self._refreshed_at = time.monotonic()
         self._restart_checks: dict[str, tuple[float, bool]] = {}
         self._removed_hosts: set[tuple[str, str | None]] = set()
+        self._removals: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        """Removals of dead hosts under way (on the loop of the request that found each first)."""
         self._host_read: _SharedRead | None = None
         self._batcher = Batcher()
+        self._probes = LeaseProbes(ledger)
 
     def _known_restarting(self, host: str, lease: LeaseView | None) -> bool | None:
         """Whether Ray is restarting ``host``, if that need not (or was just) asked; ``None``: ask."""
@@ -467,19 +472,26 @@ class Courier:
         """Free dead hosts' leases and re-read the host list; many requests failing over at once share the reads.
 
         A dead incarnation is removed once per courier (a removal repeated is a no-op in
-        the ledger). The host list comes from a read that started after this call did,
-        shared by every request that asked meanwhile: a host frozen or killed with a
-        thousand requests waiting on it costs a couple of reads, not a thousand.
+        the ledger): the requests that found it dead while its removal is under way wait
+        for that one write. The host list comes from a read that started after this call
+        did, shared by every request that asked meanwhile: a host frozen or killed with a
+        thousand requests waiting on it costs one write and a couple of reads, not a
+        thousand of each. A removal that fails fails each request waiting on it; the next
+        request to find the host dead tries again.
         """
+        loop = asyncio.get_running_loop()
         for name, holder in (plan.dead_hosts if plan else []):
-            if (name, holder) not in self._removed_hosts:
-                await self.ledger.remove_host(name=name, holder=holder)
-                self._removed_hosts.add((name, holder))
+            key = (name, holder)
+            if key in self._removed_hosts:
+                continue
+            removal = self._removals.get(key)
+            if removal is None or removal.get_loop() is not loop:
+                removal = self._removals[key] = loop.create_task(self._remove_host(name, holder))
+            await asyncio.shield(removal)
         if plan:
             plan.dead_hosts.clear()
             plan.needs_refresh = False
         asked = time.monotonic()
-        loop = asyncio.get_running_loop()
         while True:
             shared = self._host_read
             if shared is None or shared.loop is not loop or (shared.task.done() and shared.started < asked):
@@ -490,6 +502,14 @@ class Courier:
             # A read that began before this call may miss what made it ask: wait it out, then join the next.
             with contextlib.suppress(Exception):
                 await asyncio.shield(shared.task)
+
+    async def _remove_host(self, name: str, holder: str | None) -> None:
+        try:
+            await self.ledger.remove_host(name=name, holder=holder)
+            self._removed_hosts.add((name, holder))
+        finally:
+            if self._removals.get((name, holder)) is asyncio.current_task():
+                del self._removals[(name, holder)]
 
     async def _read_hosts(self) -> None:
         self.directory.update(await self.ledger.hosts())
@@ -623,7 +643,7 @@ class Courier:
                 # The caller stops waiting; the turn goes on (a retry under the same key gets its reply).
                 reply.add_done_callback(lambda future: future.cancelled() or future.exception())
                 return _TIMED_OUT
-            lease = (await self.ledger.leases([plan.identity])).get(plan.identity)
+            lease = await self._probes.lease(plan.identity)
             probe_in = next_probe(self.probe_interval, lease)
             holder_now = None
             if plan.lapsed_while_held(host, lease):

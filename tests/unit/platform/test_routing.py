@@ -212,6 +212,7 @@ async def test_requests_failing_over_together_share_the_host_reads_and_each_dead
 
         async def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
             self.removals.append((name, holder))
+            await asyncio.sleep(0.01)  # a write: the others asking meanwhile must not write it again
             return []
 
     ledger = CountingLedger()
@@ -230,3 +231,33 @@ async def test_requests_failing_over_together_share_the_host_reads_and_each_dead
     before = ledger.reads
     await courier.refresh_async()
     assert ledger.reads == before + 1
+
+
+async def test_requests_waiting_on_one_host_ask_about_their_leases_together() -> None:
+    # A frozen host with a thousand requests waiting on it had each ask the ledger about
+    # its own lease once a probe interval: a thousand reads queued in the ledger, and the
+    # last requests saw the lapse long after the first.
+    import asyncio
+    import time
+
+    from rayfleet.platform._routing import _TIMED_OUT, Courier
+
+    class CountingLedger:
+        def __init__(self) -> None:
+            self.reads: list[int] = []
+
+        async def leases(self, identities: list[str]) -> dict[str, LeaseView | None]:
+            self.reads.append(len(identities))
+            await asyncio.sleep(0.005)
+            return dict.fromkeys(identities)
+
+    ledger = CountingLedger()
+    courier = Courier(HostDirectory("ns"), ledger, lease_ttl=0.4)  # type: ignore[arg-type]
+    courier.directory._handles["h1"] = object()  # only asked whether Ray is restarting it: no
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + 0.35
+    waits = [courier._wait_async(CallPlan(courier.directory, f"a/{index}"), "h1", loop.create_future(), None,
+                                 deadline) for index in range(200)]
+    assert await asyncio.gather(*waits) == [_TIMED_OUT] * 200
+    assert sum(ledger.reads) >= 400  # every request probed at least twice (0.1 s apart) before its deadline
+    assert len(ledger.reads) <= 10  # before: one read per request per probe
