@@ -127,6 +127,11 @@ class HostDirectory:
         # request: without it, a retry that arrives after the lapse takes a frozen owner
         # for one still activating. Only slow requests add entries; a reply removes them.
         self._sightings: dict[str, tuple[str, str, float]] = {}
+        # identity -> (host, since, last): requests waiting unanswered on a host that holds
+        # no lease for the identity, from the first one's start to the last probe. Kept
+        # across requests for the same reason: a caller's timeout shorter than the
+        # patience must not make every retry's patience begin anew.
+        self._unanswered: dict[str, tuple[str, float, float]] = {}
 
     def update(self, hosts: Iterable[HostInfo]) -> None:
         """Replace the host list with the ledger's view."""
@@ -175,6 +180,23 @@ class HostDirectory:
 
     def forget_sighting(self, identity: str) -> None:
         self._sightings.pop(identity, None)
+        self._unanswered.pop(identity, None)
+
+    def unanswered_since(self, identity: str, host: str, since: float, *, now: float, gap: float) -> float:
+        """When requests for ``identity`` began waiting on ``host`` without an answer or a lease.
+
+        ``since`` is when the asking request began; an earlier request's wait counts too
+        when it was at the same host and its last probe is at most ``gap`` seconds old
+        (a caller's retry), so the retries of a caller share one patience.
+        """
+        record = self._unanswered.get(identity)
+        start = since
+        if record is not None and record[0] == host and now - record[2] <= gap:
+            start = min(record[1], since)
+        if len(self._unanswered) >= HOLDER_SIGHTINGS_CAP:
+            self._unanswered = {i: r for i, r in self._unanswered.items() if now - r[2] <= gap}
+        self._unanswered[identity] = (host, start, now)
+        return start
 
     def pick(self, identity: str) -> str:
         route = self._routes.get(identity)
@@ -187,11 +209,11 @@ class HostDirectory:
 
     def remember(self, identity: str, host: str) -> None:
         self._routes[identity] = host
-        self._sightings.pop(identity, None)
+        self.forget_sighting(identity)
 
     def forget(self, identity: str) -> None:
         self._routes.pop(identity, None)
-        self._sightings.pop(identity, None)
+        self.forget_sighting(identity)
 
     def handle(self, name: str) -> ray.actor.ActorHandle:
         handle = self._handles.get(name)
@@ -329,7 +351,9 @@ class CallPlan:
         hands it the waiting request, so it is waited for like any host activating the
         identity. A host that never held the lease may still be activating under load
         (acquiring, loading the snapshot), so it gets ``patience`` seconds (a lease TTL)
-        before it is taken for frozen.
+        before it is taken for frozen, counted from the first of the caller's retries
+        that waited on it (:meth:`HostDirectory.unanswered_since`): a caller whose timeout
+        is shorter than the patience would otherwise wait out a frozen host's whole freeze.
         """
         if restarting and (lease is None or holder_host(lease.holder) == host):
             log.warning("%s is being restarted by Ray while it holds %s's request; failing over", host, self.identity)
@@ -354,8 +378,13 @@ class CallPlan:
             self.directory.forget_sighting(self.identity)
             self._regrace[host] = waited
             return True
-        if held is None and waited - self._regrace.get(host, 0.0) < patience:
-            return True
+        if held is None:
+            now = self._clock()
+            began = self.directory.unanswered_since(
+                self.identity, host, now - (waited - self._regrace.get(host, 0.0)), now=now, gap=patience,
+            )
+            if now - began < patience:
+                return True
         log.warning("%s has no live lease while %s holds its request; %s looks frozen, failing over",
                     self.identity, host, host)
         self.directory.suspect(host)
