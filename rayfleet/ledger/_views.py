@@ -31,13 +31,6 @@ lease, a renewal of its holder dates every lease the holder holds (see
 ``_leases.renew_holder``)."""
 
 
-def lease(tx: Transaction, identity: str, now: float) -> LeaseView | None:
-    """The live lease on ``identity``, or ``None`` when there is none or it has expired."""
-    row = tx.execute(f"SELECT l.holder, l.token, l.ttl, {LEASE_EXPIRES} FROM leases l {HOLDER_OF_LEASE} "
-                     "WHERE l.identity = ?", (identity,)).fetchone()
-    return None if row is None else _live_lease(*row, now=now)
-
-
 def leases(tx: Transaction, identities: Iterable[str], now: float) -> dict[str, LeaseView | None]:
     """The live lease on each of ``identities`` that exists (``None``: none, or expired).
 
