@@ -33,7 +33,7 @@ from . import (
     _views,
 )
 from ._sqlite import SqliteDatabase
-from ._store import AwaitedWrites, Database, Transaction
+from ._store import AwaitedWrites, Database, StalledSessions, Transaction
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -103,6 +103,19 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    @property
+    def sessions_can_stall(self) -> bool:
+        """Whether the store has sessions a stopped client can leave holding locks (PostgreSQL; see below)."""
+        return isinstance(self._db, StalledSessions)
+
+    def end_stalled_sessions(self, older_than: float) -> dict[int, float]:
+        """End the store's sessions stalled mid-transaction for over ``older_than`` seconds that other writers wait on.
+
+        On PostgreSQL see ``PostgresDatabase.end_stalled_sessions``; a store without such
+        sessions (SQLite) answers ``{}``. Returns each ended session's id and its stall.
+        """
+        return self._db.end_stalled_sessions(older_than) if isinstance(self._db, StalledSessions) else {}
 
     @property
     def location(self) -> str:

@@ -84,6 +84,24 @@ LOCK_TIMEOUT_MS = 5_000
 instead of waiting without bound."""
 
 
+_END_STALLED = (
+    # Sessions whose client stopped while they hold a transaction open: waiting for the rest
+    # of a pipeline (statements sent without their Sync) or blocked writing a result the
+    # client does not read ("active", a Client wait), or idle in the transaction past the
+    # server's own limit (seen, after a large result the client did not read).
+    # Only those another session waits on for a lock are ended; pg_blocking_pids is asked
+    # only while such a session exists. Their last sign of life is the later of the two times.
+    "WITH stalled AS (SELECT pid, EXTRACT(EPOCH FROM clock_timestamp() - GREATEST(query_start, state_change))::float8 "
+    "AS seconds FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND ((state = 'active' AND wait_event_type = 'Client') OR state = 'idle in transaction') "
+    "AND GREATEST(query_start, state_change) < clock_timestamp() - make_interval(secs => ?)), "
+    "blocking AS (SELECT DISTINCT unnest(pg_blocking_pids(pid)) AS pid FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND EXISTS (SELECT 1 FROM stalled)) "
+    # In the select list, so that only the joined rows are ended (a WHERE could be applied to the scan of stalled).
+    "SELECT s.pid, s.seconds, pg_terminate_backend(s.pid) FROM stalled s JOIN blocking b ON b.pid = s.pid"
+)
+
+
 _ENDED_WHILE_IDLE = pg_errors.IdleInTransactionSessionTimeout
 ALIVE_FOR = IDLE_IN_TRANSACTION_TIMEOUT_MS / 4000
 """Seconds after the server's last answer in a transaction during which its session counts as alive;
@@ -486,6 +504,26 @@ class PostgresDatabase:
         row = tx.execute("SELECT pg_postmaster_start_time()::text").fetchone()
         assert row is not None  # a SELECT of one expression returns one row
         return str(row[0])
+
+    def end_stalled_sessions(self, older_than: float) -> dict[int, float]:
+        """End this database's sessions stalled mid-transaction for over ``older_than`` seconds that others wait on.
+
+        The server ends a session left idle inside a transaction
+        (``idle_in_transaction_session_timeout``), but not every session a stopped client
+        leaves holding locks: one in the middle of a pipeline (a process frozen inside
+        ``executemany``) stays *active*, waiting for the client's next message; one whose
+        result the client stopped reading stays *active*, blocked writing it; and one
+        idle in its transaction after a large result was seen idle far past that limit
+        (likely because ending it means writing the error to a client that does not read).
+        Each keeps its row locks for as long as the client is stopped. Ending it aborts
+        its transaction, so nothing it wrote lands; a client that wakes finds its
+        connection gone (an unknown outcome, which fencing makes safe to retry). Returns
+        each ended session's process id and how long its client had been silent. Ending
+        another session takes the same role (or ``pg_signal_backend``); a refusal raises
+        ``LedgerUnavailableError``.
+        """
+        rows = self.write_alone(_END_STALLED, (older_than,))
+        return {int(pid): float(seconds) for pid, seconds, ended in rows if ended}
 
     def describe(self) -> str:
         return self._location

@@ -116,3 +116,19 @@ class AwaitedWrites(Protocol):
     async def write_alone_async(self, sql: str, parameters: Sequence[Any] = ...) -> list[Row]:
         """:meth:`Database.write_alone`, awaited: same guarantees and failures."""
         ...
+
+
+@runtime_checkable
+class StalledSessions(Protocol):
+    """A :class:`Database` served by a server whose sessions a stopped client can leave holding locks (PostgreSQL).
+
+    A SQLite file has its own form of this (a process stopped inside its commit keeps the
+    file's write lock), which no other process can end; see the README's fault table.
+    """
+
+    def end_stalled_sessions(self, older_than: float) -> dict[int, float]:
+        """End the sessions stalled mid-transaction for over ``older_than`` seconds that others wait on.
+
+        Returns each ended session's server process id with the seconds it had stalled.
+        """
+        ...

@@ -47,6 +47,7 @@ from ..host._runtime import (
 from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
+from ..ledger._stall_watch import StallWatch
 from ..retry import RetryPolicy
 from ._batching import Answered, BatchServer
 from ._ledger_client import connect_ledger_from
@@ -207,6 +208,7 @@ class AgentHost:
         self._metrics = RayHostMetrics(name)
         self._metrics_export: asyncio.Task[None] | None = None
         self._node_keeper: asyncio.Task[None] | None = None
+        self._stall_watch: StallWatch | None = None
         self._unsure_passes = 0
         self._stopping = False
         self._batches = BatchServer()
@@ -286,6 +288,10 @@ class AgentHost:
         self._tell_sweeper = loop.create_task(self._sweep_tells(), name=f"{self.name}-tells")
         self._metrics_export = loop.create_task(self._export_metrics(), name=f"{self.name}-metrics")
         self._node_keeper = loop.create_task(self._keep_nodes_covered(), name=f"{self.name}-nodes")
+        if isinstance(ledger, LocalLedgerClient):
+            # PostgreSQL: end the sessions another (stopped) host left holding locks this one needs.
+            self._stall_watch = StallWatch(ledger.ledger)
+            self._stall_watch.start()
         self._start_failure = None
         self._start_failures = 0
 
@@ -612,6 +618,8 @@ class AgentHost:
         count = len(self.runtime.active_identities())
         await self.runtime.shutdown(checkpoint=True)
         await self.courier.ledger.remove_host(name=self.name, holder=self.runtime.holder)
+        if self._stall_watch is not None:
+            await asyncio.to_thread(self._stall_watch.stop)
         return count
 
     async def refresh_peers(self) -> int:

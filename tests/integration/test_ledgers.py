@@ -91,3 +91,30 @@ def test_spawn_many_creates_thousands_in_a_few_transactions(make_any_fleet: Any)
         fleet.spawn_many([rf.AgentSpec(identity="bulk/1", agent=Counter, labels={"shard": "other"})])
     with pytest.raises(rf.InvalidSpecError, match="appears twice"):
         fleet.spawn_many([specs[0], specs[0]])
+
+
+@pytest.mark.timeout(180)
+def test_a_host_on_postgresql_ends_a_stopped_clients_hold_on_an_agents_rows(
+    postgres_ledger: str, make_fleet: Any,
+) -> None:
+    """A process stopped in the middle of a pipelined transaction (a host frozen inside a batch
+    commit) holds the rows it updated, and PostgreSQL keeps its session waiting for the rest; the
+    next host to activate the agent must not wait for as long as that process stays stopped."""
+    import psycopg
+
+    fleet: rf.Fleet = make_fleet(ledger=postgres_ledger, hosts=1)
+    ref = fleet.spawn("held/a", Counter)
+    assert ref.call(Counter.add, n=1) == 1
+    assert fleet.deactivate("held/a")  # checkpointed and released: the next call activates it again
+    stopped = psycopg.connect(postgres_ledger, autocommit=True)
+    try:
+        stopped.pgconn.enter_pipeline_mode()
+        stopped.pgconn.send_query_params(b"BEGIN", None)
+        stopped.pgconn.send_query_params(b"UPDATE continuity SET generation = generation WHERE identity = 'held/a'",
+                                         None)
+        stopped.pgconn.flush()  # no Sync: the server holds the row and waits for the rest
+
+        # Without the hosts' stall watch this waits until the timeout (the grant waits on the row).
+        assert ref.call(Counter.add, n=1, timeout=60) == 2
+    finally:
+        stopped.close()

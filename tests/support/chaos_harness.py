@@ -192,6 +192,8 @@ class Fault:
     detail: str = ""
     longest: str = ""
     """The operation that waited longest because of this fault: seconds, process, identity."""
+    longest_op: int | None = None
+    """That operation's id in the history (its events go into the JSON report)."""
 
 
 class History:
@@ -556,6 +558,7 @@ class ChaosRun:
         waker.start()
         served = 0
         revoke = ""
+        refused: list[str] = []
         try:
             time.sleep(self.profile.lease_ttl + 0.5)
             asked = time.monotonic()
@@ -576,6 +579,7 @@ class ChaosRun:
                     kind, value = ray.get(handle.deliver.remote(identity, envelope), timeout=10)
                 except Exception as error:
                     self.history.record("info", "failover", op, identity, key, _describe(error))
+                    refused.append(_describe(error))
                     continue
                 if kind == "ok":
                     self.history.record("ok", "failover", op, identity, key, value)
@@ -583,10 +587,13 @@ class ChaosRun:
                 else:
                     # A redirect (still owned by the frozen host) or an error: never applied here.
                     self.history.record("info", "failover", op, identity, key, f"{kind}: {value!r}"[:200])
+                    refused.append(f"{kind}: {value!r}"[:200])
         finally:
             waker.join()
         fault.end = time.monotonic()
         fault.detail = f"{len(victims)} owned, {served} served by {other} meanwhile" + (f" ({revoke})" if revoke else "")
+        if refused:
+            fault.detail += f"; {len(refused)} not served, the first: {refused[0]}"
         self._recovered(fault)
 
     def _wake(self, pid: int) -> None:
@@ -890,7 +897,7 @@ class ChaosRun:
         from ``max(first invoke, fault start)`` to its ok; operations on identities the
         fault did not hit are not counted.
         """
-        spans: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+        spans: dict[str, list[tuple[float, float, str, int]]] = defaultdict(list)
         first: dict[int, float] = {}
         for event in self.history.events:
             if event.process == "parker":
@@ -898,16 +905,17 @@ class ChaosRun:
             if event.type == "invoke":
                 first.setdefault(event.op, event.time)
             elif event.type == "ok":
-                spans[event.identity].append((first[event.op], event.time, event.process))
+                spans[event.identity].append((first[event.op], event.time, event.process, event.op))
         worst: dict[str, float] = {}
         for fault in self.history.faults:
             end = fault.end or fault.start
             hit = spans.keys() if fault.hit is None else fault.hit
             longest = 0.0
             for identity in hit:
-                for begin, done, process in spans.get(identity, ()):
+                for begin, done, process, op in spans.get(identity, ()):
                     if begin <= end + 1.0 and done >= fault.start and done - max(begin, fault.start) > longest:
                         longest = done - max(begin, fault.start)
+                        fault.longest_op = op
                         fault.longest = (f"{longest:.2f} s: {process} on {identity}, invoked "
                                          f"{begin - fault.start:+.2f} s from the fault's start")
             if fault.kind == "runner_kill":
@@ -972,6 +980,13 @@ class ChaosRun:
                        "tokens": self.tokens.get(identity, [])}
             for identity in sorted(named) if identity.startswith("chaos/")
         }
+        # And the events of each fault's longest wait, with times from the fault's start.
+        document["longest_waits"] = [
+            {"fault": f"{fault.kind} {fault.target}", "longest": fault.longest,
+             "events": [asdict(event) | {"time": round(event.time - fault.start, 3)}
+                        for event in self.history.events if event.op == fault.longest_op]}
+            for fault in self.history.faults if fault.longest_op is not None
+        ]
         path.write_text(json.dumps(document, indent=2, default=str))
 
 
