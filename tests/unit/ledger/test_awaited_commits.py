@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pg_support
 import psycopg
 import pytest
 
@@ -32,13 +31,6 @@ from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    url = pg_support.create_database()
-    yield url
-    pg_support.drop_database(url)
 
 
 def granted(ledger: Ledger, identity: str = "t/a", holder: str = "h") -> int:

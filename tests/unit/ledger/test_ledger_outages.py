@@ -245,13 +245,6 @@ def test_a_frozen_writer_does_not_hold_lease_rows_locked_for_others(postgres_url
     assert outcome == [None] and len(attempts) == 2
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    url = pg_support.create_database()
-    yield url
-    pg_support.drop_database(url)
-
-
 def _ended_by_the_server(url: str, application: str) -> int:
     """End every session of ``application`` (as a server restart or an administrator would); how many."""
     import psycopg

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pg_support
 import psycopg
 import pytest
 
@@ -28,13 +26,6 @@ from rayfleet.ledger._values import Activation, SpecRecord
 POLL = 0.05
 PATIENCE = 60.0
 """Upper bound on the polls below, so a broken build fails rather than hangs; never an expected duration."""
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    url = pg_support.create_database()
-    yield url
-    pg_support.drop_database(url)
 
 
 def poll(condition: Any, what: str) -> Any:
