@@ -479,8 +479,11 @@ class Courier:
         self._restart_checks[host] = (time.monotonic(), answer)
         return answer
 
-    def _plan(self, identity: str) -> CallPlan:
-        plan = CallPlan(self.directory, identity, patience=self.routing_patience)
+    def _plan(self, identity: str, timeout: float | None) -> CallPlan:
+        # A caller that said how long it waits is routed that long: a host Ray restarts on a
+        # loaded machine can take longer than the routing patience to register again.
+        patience = self.routing_patience if timeout is None else max(self.routing_patience, timeout)
+        plan = CallPlan(self.directory, identity, patience=patience)
         # Other drivers add, drain and undrain hosts; a directory older than this re-reads the
         # host list first, so placement never keeps passing over a host that is back.
         plan.needs_refresh = time.monotonic() - self._refreshed_at > DIRECTORY_MAX_AGE
@@ -553,17 +556,19 @@ class Courier:
 
         Raises:
             ray.exceptions.GetTimeoutError: no reply within ``timeout`` seconds.
+            FleetUnavailableError: no host to route to (or too many hops) within the routing
+                patience (two lease TTLs), or within ``timeout`` when that is longer.
         """
-        plan = self._plan(identity)
         deadline = None if timeout is None else time.monotonic() + timeout
+        plan = self._plan(identity, timeout)  # begun after the deadline was set: it gives up no sooner
         while True:
             if plan.needs_refresh:
                 _pause(plan.hops)
                 self.refresh_sync(plan)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ray.exceptions.GetTimeoutError(f"no host to route {identity!r} to within the timeout")
             chosen = plan.target()
             if chosen is None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ray.exceptions.GetTimeoutError(f"no host to route {identity!r} to within the timeout")
                 continue
             name, handle = chosen
             pending = submit(handle, request, identity, method)
@@ -615,13 +620,14 @@ class Courier:
     async def route_async(
         self, identity: str, request: HostRequest, *, method: str, timeout: float | None = None
     ) -> Any:
-        """:meth:`route_sync`, awaited; no reply within ``timeout`` seconds raises ``DeadlineExceededError``.
+        """:meth:`route_sync`, awaited; no reply within ``timeout`` seconds raises ``DeadlineExceededError``
+        (routing is given up, as there, after the routing patience or ``timeout``, whichever is longer).
 
         The deadline is kept here rather than by an ``asyncio.wait_for`` around the call,
         which costs a task of its own per request.
         """
-        plan = self._plan(identity)
         deadline = None if timeout is None else time.monotonic() + timeout
+        plan = self._plan(identity, timeout)  # begun after the deadline was set: it gives up no sooner
         while True:
             if plan.needs_refresh:
                 await _pause_async(plan.hops)

@@ -293,3 +293,33 @@ async def test_requests_waiting_on_one_host_ask_about_their_leases_together() ->
     assert await asyncio.gather(*waits) == [_TIMED_OUT] * 200
     assert sum(ledger.reads) >= 200  # every request probed
     assert sum(ledger.reads) >= 20 * len(ledger.reads)  # before: one identity per read
+
+
+async def test_a_callers_timeout_longer_than_the_routing_patience_bounds_the_routing() -> None:
+    # A one-host fleet whose host Ray restarts has no registered host until the new process
+    # registers, which on a loaded machine took longer than two lease TTLs: a caller that
+    # said it would wait 60 s got "gave up routing ... (hosts: none)" after 6.3 s.
+    import ray
+
+    from rayfleet.ledger._local import Completed
+    from rayfleet.ledger._values import HostInfo
+    from rayfleet.platform._routing import Courier, deliver_request
+
+    class NoHosts:
+        def hosts(self) -> Completed[list[HostInfo]]:
+            return Completed([])
+
+    class AsyncNoHosts:
+        async def hosts(self) -> list[HostInfo]:
+            return []
+
+    envelope = rf.Envelope(target="a/1", method="add", kwargs={})
+    courier = Courier(HostDirectory("ns"), NoHosts(), lease_ttl=0.02)  # type: ignore[arg-type]
+    with pytest.raises(ray.exceptions.GetTimeoutError, match="within the timeout"):
+        courier.route_sync("a/1", deliver_request(envelope), method="add", timeout=0.5)
+    with pytest.raises(rf.FleetUnavailableError, match="gave up routing|no live rayfleet host"):
+        courier.route_sync("a/1", deliver_request(envelope), method="add")  # no timeout: the patience
+
+    waiting = Courier(HostDirectory("ns"), AsyncNoHosts(), lease_ttl=0.02)  # type: ignore[arg-type]
+    with pytest.raises(rf.DeadlineExceededError):
+        await waiting.route_async("a/1", deliver_request(envelope), method="add", timeout=0.5)
