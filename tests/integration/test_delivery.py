@@ -13,7 +13,6 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 import ray
+from polling import eventually
 from ray_helpers import kill_actor
 
 import rayfleet as rf
@@ -101,18 +101,6 @@ class Account(rf.Agent):
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def eventually(probe: Callable[[], T], what: str, timeout: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def kill_owner(fleet: rf.Fleet, identity: str) -> str:

@@ -2,12 +2,11 @@
 deactivation, durability modes, drain and event subscriptions."""
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from polling import eventually
 from ray_helpers import kill_actor
 
 import rayfleet as rf
@@ -27,18 +26,6 @@ class Counter(rf.Agent):
     @rf.handler
     def get(self) -> int:
         return self.state.value
-
-
-def eventually(probe: Callable[[], T], what: str, timeout: float = 20.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def kill_owner(fleet: rf.Fleet, identity: str) -> str:
@@ -178,7 +165,7 @@ def test_idle_agent_is_deactivated_and_keeps_its_state(make_fleet) -> None:
     assert ref.call("add", n=4) == 4
 
     dormant = eventually(
-        lambda: (s := fleet.status(identity)).state is rf.LifecycleState.DORMANT and s, "idle deactivation"
+        lambda: (s := fleet.status(identity)).state is rf.LifecycleState.DORMANT and s, "idle deactivation", timeout=20.0
     )
     assert dormant.lease is None and dormant.host is None
     assert dormant.generation == 0 and dormant.checkpoint_version == 1
@@ -186,7 +173,7 @@ def test_idle_agent_is_deactivated_and_keeps_its_state(make_fleet) -> None:
     assert ref.call("get") == 4  # reactivated from the checkpoint
     assert ref.call("add", n=1) == 5
     again = eventually(
-        lambda: (s := fleet.status(identity)).state is rf.LifecycleState.DORMANT and s, "second idle deactivation"
+        lambda: (s := fleet.status(identity)).state is rf.LifecycleState.DORMANT and s, "second idle deactivation", timeout=20.0
     )
     assert again.checkpoint_version == 2  # only the add committed; the read did not
     assert ref.call("get") == 5
@@ -201,10 +188,12 @@ def test_periodic_durability_commits_in_the_background(fleet: rf.Fleet) -> None:
 
     # Nothing is committed before the first turn; the turn's State is committed afterwards.
     assert ref.call("add", n=5) == 5
-    first = eventually(lambda: fleet.status(identity).checkpoint_version, "the first periodic checkpoint")
+    first = eventually(lambda: fleet.status(identity).checkpoint_version, "the first periodic checkpoint",
+                       timeout=20.0)
     # No turn ran since `first` was observed, so any later commit must include the next turn.
     assert ref.call("add", n=7) == 12
-    eventually(lambda: (fleet.status(identity).checkpoint_version or 0) > first, "a checkpoint after the 2nd turn")
+    eventually(lambda: (fleet.status(identity).checkpoint_version or 0) > first, "a checkpoint after the 2nd turn",
+               timeout=20.0)
 
     killed = kill_owner(fleet, identity)
     assert ref.call("get") == 12

@@ -17,26 +17,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from polling import eventually
 
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._postgres import PostgresDatabase
 from rayfleet.ledger._stall_watch import StallWatch
 from rayfleet.ledger._values import Activation, SpecRecord
 
-POLL = 0.05
 PATIENCE = 60.0
-"""Upper bound on the polls below, so a broken build fails rather than hangs; never an expected duration."""
-
-
-def poll(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + PATIENCE
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(POLL)
+"""Upper bound on the waits below, so a broken build fails rather than hangs; never an expected duration."""
 
 
 def close_all(clients: list[psycopg.Connection[Any]]) -> None:
@@ -145,10 +134,11 @@ def test_a_stopped_clients_session_that_others_wait_on_is_ended(postgres_url: st
         clients += [stopped, bystander]
         pid, bystander_pid = stopped.info.backend_pid, bystander.info.backend_pid
         # What PostgreSQL's own timeout does not end.
-        assert poll(lambda: session_state(postgres_url, pid) == state, f"the stall ({state})")
+        assert eventually(lambda: session_state(postgres_url, pid) == state, f"the stall ({state})", PATIENCE)
         time.sleep(0.3)  # the old lease lapses
         thread, outcome = acquire_in_background(ledger, "t/frozen", "live-host")
-        poll(lambda: waiting_on_a_lock(postgres_url), "the new holder waiting on the stopped client's lock")
+        eventually(lambda: waiting_on_a_lock(postgres_url), "the new holder waiting on the stopped client's lock",
+                   PATIENCE)
 
         assert ledger.end_stalled_sessions(older_than=3600.0) == {}  # not stalled that long: left alone
         ended = ledger.end_stalled_sessions(older_than=0.0)
