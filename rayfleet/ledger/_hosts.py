@@ -11,13 +11,15 @@ from ._store import Transaction
 from ._values import HostInfo
 
 
-def register(tx: Transaction, *, name: str, holder: str, now: float) -> list[str]:
+def register(tx: Transaction, *, name: str, holder: str, now: float, node: str | None = None,
+             pid: int | None = None) -> list[str]:
     previous = tx.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
     freed = _leases.free_holder(tx, previous[0]) if previous is not None and previous[0] != holder else []
     tx.execute(
-        "INSERT INTO hosts (name, holder, started_at, draining) VALUES (?, ?, ?, 0) ON CONFLICT(name) DO UPDATE SET "
-        "holder = excluded.holder, started_at = excluded.started_at, draining = 0",
-        (name, holder, now),
+        "INSERT INTO hosts (name, holder, started_at, draining, node, pid) VALUES (?, ?, ?, 0, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET holder = excluded.holder, started_at = excluded.started_at, draining = 0, "
+        "node = excluded.node, pid = excluded.pid",
+        (name, holder, now, node, pid),
     )
     return freed
 
@@ -37,6 +39,6 @@ def set_draining(tx: Transaction, *, name: str, draining: bool) -> None:
 
 def hosts(tx: Transaction) -> list[HostInfo]:
     return [
-        HostInfo(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]))
-        for row in tx.execute("SELECT name, holder, started_at, draining FROM hosts ORDER BY name")
+        HostInfo(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]), node=row[4], pid=row[5])
+        for row in tx.execute("SELECT name, holder, started_at, draining, node, pid FROM hosts ORDER BY name")
     ]

@@ -33,7 +33,8 @@ from . import (
     _views,
 )
 from ._sqlite import SqliteDatabase
-from ._store import AwaitedWrites, Database, StalledSessions, Transaction
+from ._stopped_writers import StoppedWriters
+from ._store import AwaitedWrites, Database, StalledSessions, Transaction, WriteLockHolders
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -80,6 +81,7 @@ class Ledger:
         self._db: Database = SqliteDatabase(database) if isinstance(database, (str, Path)) else database
         self._awaited = self._db if isinstance(self._db, AwaitedWrites) else None
         self._clock = clock
+        self._stopped_writers = StoppedWriters()
         self.incarnation = uuid.uuid4().hex[:8]
         """Changes every time a ledger opens, so clients can tell a restart."""
         if authority:
@@ -106,16 +108,29 @@ class Ledger:
 
     @property
     def sessions_can_stall(self) -> bool:
-        """Whether the store has sessions a stopped client can leave holding locks (PostgreSQL; see below)."""
-        return isinstance(self._db, StalledSessions)
+        """Whether a stopped client can leave the store's locks held: a PostgreSQL session, a SQLite file's
+        write lock (see below)."""
+        return isinstance(self._db, (StalledSessions, WriteLockHolders))
 
     def end_stalled_sessions(self, older_than: float) -> dict[int, float]:
-        """End the store's sessions stalled mid-transaction for over ``older_than`` seconds that other writers wait on.
+        """End what a client stopped mid-transaction for over ``older_than`` seconds holds that other writers need.
 
-        On PostgreSQL see ``PostgresDatabase.end_stalled_sessions``; a store without such
-        sessions (SQLite) answers ``{}``. Returns each ended session's id and its stall.
+        On PostgreSQL, the sessions others wait on (``PostgresDatabase.end_stalled_sessions``;
+        the keys are the server's process ids). On SQLite, the process holding the file's
+        write lock if it is a host of this node, stopped all that time
+        (:mod:`~rayfleet.ledger._stopped_writers`; the key is its process id). Returns each
+        ended one with the seconds it had stalled (on SQLite, since first seen so).
         """
-        return self._db.end_stalled_sessions(older_than) if isinstance(self._db, StalledSessions) else {}
+        if isinstance(self._db, StalledSessions):
+            return self._db.end_stalled_sessions(older_than)
+        if isinstance(self._db, WriteLockHolders):
+            return self._stopped_writers.end(self._db.write_lock_holder(), older_than=older_than, hosts=self.hosts)
+        return {}
+
+    @property
+    def kind(self) -> str:
+        """The store's kind: ``"sqlite"`` or ``"postgresql"``."""
+        return self._db.kind
 
     @property
     def location(self) -> str:
@@ -697,9 +712,11 @@ class Ledger:
 
     # -- hosts --------------------------------------------------------------------------
 
-    def register_host(self, *, name: str, holder: str) -> list[str]:
-        """Record a host incarnation; leases of an earlier incarnation of the same name are freed."""
-        return self._db.write(lambda tx: _hosts.register(tx, name=name, holder=holder, now=self._now(tx)))
+    def register_host(self, *, name: str, holder: str, node: str | None = None, pid: int | None = None) -> list[str]:
+        """Record a host incarnation, with the node name and process id of its process when given; leases of an
+        earlier incarnation of the same name are freed."""
+        return self._db.write(lambda tx: _hosts.register(tx, name=name, holder=holder, now=self._now(tx), node=node,
+                                                         pid=pid))
 
     def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
         """Forget a host (dead or scaled in) and free its leases; with ``holder``, only that incarnation."""

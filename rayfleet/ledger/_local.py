@@ -468,8 +468,10 @@ class LocalLedgerClient:
     ) -> LedgerCall[int]:
         return self._run(self.ledger.purge_dead_letters, identity=identity, ids=ids, before=before)
 
-    def register_host(self, *, name: str, holder: str) -> LedgerCall[list[str]]:
-        return self._run(self.ledger.register_host, name=name, holder=holder)
+    def register_host(
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None,
+    ) -> LedgerCall[list[str]]:
+        return self._run(self.ledger.register_host, name=name, holder=holder, node=node, pid=pid)
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
         return self._run(self.ledger.remove_host, name=name, holder=holder)

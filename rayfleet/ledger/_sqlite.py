@@ -7,7 +7,11 @@ A single connection behind a lock makes the store safe to share between threads.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import struct
+import sys
 import threading
 import time
 import uuid
@@ -29,6 +33,36 @@ _UNAVAILABLE = frozenset({
 Not errors of the statement itself: SQLite reports syntax errors as ``OperationalError`` too.
 """
 
+
+_WAL_WRITE_LOCK = 120
+"""The byte of the ``-shm`` file that SQLite's unix VFS locks (``F_WRLCK``) while a connection holds the
+write lock of a database in WAL mode: ``UNIX_SHM_BASE`` (120) plus ``WAL_WRITE_LOCK`` (0)."""
+_FLOCK = struct.Struct("hhqqi4x")
+"""Linux's ``struct flock``: type, whence, start, length, pid (and padding)."""
+_probes: dict[tuple[int, int], int] = {}
+"""Descriptors of ``-shm`` files opened to ask who holds a lock, by (device, inode); never closed."""
+_probes_lock = threading.Lock()
+
+
+def _lock_holder(shm: Path) -> int | None:
+    """The process id of another process holding ``shm``'s WAL write lock now, or ``None``.
+
+    The descriptor asked through is never closed: closing any descriptor of a file
+    drops every POSIX lock this process holds on that file, SQLite's own included.
+    One is kept per file (a new one only if the file was made anew).
+    """
+    try:
+        found = os.stat(shm)
+    except FileNotFoundError:
+        return None  # no connection has the database open in WAL mode: nobody holds its write lock
+    key = (found.st_dev, found.st_ino)
+    with _probes_lock:
+        descriptor = _probes.get(key)
+        if descriptor is None:
+            descriptor = _probes[key] = os.open(shm, os.O_RDONLY)
+    asked = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK, 1, 0)
+    kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(descriptor, fcntl.F_GETLK, asked))
+    return None if kind == fcntl.F_UNLCK else int(pid)
 
 
 class SqliteDatabase:
@@ -161,6 +195,17 @@ class SqliteDatabase:
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
+
+    def write_lock_holder(self) -> int | None:
+        """The process id of another process that holds the file's write lock at this moment, else ``None``.
+
+        Asked of the kernel (``F_GETLK`` on the ``-shm`` file), not of SQLite, so it
+        answers even while the holder is stopped. Answers ``None`` off Linux (the lock
+        record's layout is Linux's), and for this process's own locks.
+        """
+        if sys.platform != "linux":
+            return None
+        return _lock_holder(self.path.with_name(self.path.name + "-shm"))
 
     def close(self) -> None:
         with self._lock:

@@ -7,8 +7,10 @@ yet) or writing a result nobody reads stays active, and no server timeout covers
 that wait (``PostgresDatabase.end_stalled_sessions`` lists the cases). Seen in the
 chaos profile: a host stopped inside the ``executemany`` of a batch commit held its
 agents' continuity rows for its whole freeze, and the host taking them over waited on
-them (lock timeout after lock timeout) until the frozen one woke. Every host of a
-fleet on PostgreSQL runs one, so the watch lives as long as any host does.
+them (lock timeout after lock timeout) until the frozen one woke. On SQLite the same
+freeze inside a commit holds the file's write lock, and the watch ends the stopped host
+process itself (``_stopped_writers``). Every host runs one, so the watch lives as long
+as any host does.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ WATCH_EVERY = 1.0
 
 
 class StallWatch:
-    """Every ``every`` seconds, ends the sessions stalled for over ``older_than`` seconds that others wait on.
+    """Every ``every`` seconds, ends what clients stopped for over ``older_than`` seconds hold that others need
+    (:meth:`Ledger.end_stalled_sessions`: PostgreSQL sessions, or a SQLite file's stopped host process).
 
-    Does nothing on a store without such sessions (SQLite). A look that fails (the
-    server away, the role not allowed to end sessions) is logged and the next one tried.
+    A look that fails (the server away, the role not allowed to end sessions) is logged
+    and the next one tried.
     """
 
     def __init__(self, ledger: Ledger, *, every: float = WATCH_EVERY, older_than: float = STALLED_AFTER) -> None:
@@ -70,7 +73,8 @@ class StallWatch:
                 failing = True
                 continue
             failing = False
+            what = "host process" if self._ledger.kind == "sqlite" else "ledger session"
             for pid, seconds in ended.items():
                 self.ended += 1
-                log.warning("ended ledger session %d: its client stopped mid-transaction %.1f s ago and other "
-                            "writers waited on its locks (a frozen or stuck process)", pid, seconds)
+                log.warning("ended %s %d: it stopped mid-transaction %.1f s ago (a frozen or stuck process) and "
+                            "held locks other writers need", what, pid, seconds)

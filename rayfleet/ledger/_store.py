@@ -123,7 +123,7 @@ class StalledSessions(Protocol):
     """A :class:`Database` served by a server whose sessions a stopped client can leave holding locks (PostgreSQL).
 
     A SQLite file has its own form of this (a process stopped inside its commit keeps the
-    file's write lock), which no other process can end; see the README's fault table.
+    file's write lock), which only ending that process ends: see :class:`WriteLockHolders`.
     """
 
     def end_stalled_sessions(self, older_than: float) -> dict[int, float]:
@@ -131,4 +131,13 @@ class StalledSessions(Protocol):
 
         Returns each ended session's server process id with the seconds it had stalled.
         """
+        ...
+
+
+@runtime_checkable
+class WriteLockHolders(Protocol):
+    """A :class:`Database` in a file whose write lock belongs to a process (SQLite): it can say which one holds it."""
+
+    def write_lock_holder(self) -> int | None:
+        """The process id of another process holding the write lock at this moment, else ``None``."""
         ...

@@ -194,12 +194,15 @@ class StoredMessage:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostInfo:
-    """A registered host: its actor name, the lease holder id of its current incarnation, and whether it drains."""
+    """A registered host: its actor name, the lease holder id of its current incarnation, whether it drains,
+    and where its process runs (node name and process id; ``None`` for a host that did not say)."""
 
     name: str
     holder: str
     started_at: float
     draining: bool
+    node: str | None = None
+    pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,6 +8,8 @@ import contextvars
 import dataclasses
 import functools
 import logging
+import os
+import socket
 import time
 import uuid
 import warnings
@@ -263,7 +265,8 @@ class AgentHost:
             )
             try:
                 await runtime.start()
-                await ledger.register_host(name=self.name, holder=runtime.holder)
+                await ledger.register_host(name=self.name, holder=runtime.holder, node=socket.gethostname(),
+                                           pid=os.getpid())
                 await courier.refresh_async()
             except BaseException:
                 # Nothing of a failed attempt keeps running (renewal loop, committer, pool).
@@ -289,7 +292,8 @@ class AgentHost:
         self._metrics_export = loop.create_task(self._export_metrics(), name=f"{self.name}-metrics")
         self._node_keeper = loop.create_task(self._keep_nodes_covered(), name=f"{self.name}-nodes")
         if isinstance(ledger, LocalLedgerClient):
-            # PostgreSQL: end the sessions another (stopped) host left holding locks this one needs.
+            # End what another (stopped) host holds that this one needs: its PostgreSQL sessions' row
+            # locks, or the SQLite file's write lock (by ending the stopped process).
             self._stall_watch = StallWatch(ledger.ledger)
             self._stall_watch.start()
         self._start_failure = None

@@ -573,8 +573,10 @@ class RayLedgerClient:
     ) -> LedgerCall[int]:
         return _RayCall(self.actor.purge_dead_letters.remote(identity=identity, ids=ids, before=before))
 
-    def register_host(self, *, name: str, holder: str) -> LedgerCall[list[str]]:
-        return _RayCall(self.actor.register_host.remote(name=name, holder=holder))
+    def register_host(
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None,
+    ) -> LedgerCall[list[str]]:
+        return _RayCall(self.actor.register_host.remote(name=name, holder=holder, node=node, pid=pid))
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
         return _RayCall(self.actor.remove_host.remote(name=name, holder=holder))

@@ -7,6 +7,7 @@ When the frozen host wakes, it drops those agents without committing or replying
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -77,6 +78,48 @@ def test_a_frozen_hosts_identities_answer_from_another_host_while_it_is_still_fr
         time.sleep(0.1)
     stats = _statistics(fleet, frozen)
     assert stats.active_agents == 0 and stats.leases_lost >= len(victims)
+    for ref in refs:
+        assert ref.call("add", n=1, idempotency_key="second") == 2  # still exactly once
+
+
+@pytest.mark.timeout(180)
+def test_a_host_frozen_holding_the_sqlite_ledgers_write_lock_is_ended_and_its_identities_move(
+    make_fleet, storage,
+) -> None:
+    """A host stopped inside its commit keeps the SQLite file's write lock (a POSIX lock of its process):
+    no other host can write, so none could take its identities over for as long as it stays stopped."""
+    fleet: rf.Fleet = make_fleet(hosts=2, lease_ttl=TTL)
+    refs = [fleet.spawn(f"locked/{i}", Counter) for i in range(12)]
+    for ref in refs:
+        assert ref.call("add", n=1, idempotency_key="first") == 1
+    before = {ref.identity: fleet.status(ref.identity) for ref in refs}
+    frozen = before[refs[0].identity].host
+    assert frozen is not None
+    victims = [ref for ref in refs if before[ref.identity].host == frozen]
+    pid = _pid(fleet, frozen)
+    ledger_file = str(storage / "ledger.sqlite")
+
+    def take_the_write_lock(actor: object) -> None:
+        import sqlite3
+
+        connection = sqlite3.connect(ledger_file, isolation_level=None, check_same_thread=False)
+        connection.execute("BEGIN IMMEDIATE")  # as inside a commit: the lock taken, nothing committed yet
+        actor._test_write_lock = connection  # type: ignore[attr-defined]
+
+    ray.get(ray.get_actor(frozen, namespace=fleet.config.namespace).__ray_call__.remote(take_the_write_lock))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # Without the other host's stall watch these wait until the frozen host wakes (or time out).
+        answers = [ref.call("add", n=1, idempotency_key="second", timeout=60) for ref in victims]
+        assert answers == [2] * len(victims)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # ended, not woken
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    for ref in victims:
+        moved = fleet.status(ref.identity)
+        assert moved.lease is not None and moved.lease.fencing_token > before[ref.identity].lease.fencing_token
     for ref in refs:
         assert ref.call("add", n=1, idempotency_key="second") == 2  # still exactly once
 

@@ -57,6 +57,7 @@ import rayfleet as rf
 from rayfleet.ledger import CheckpointCommit, SnapshotPointer
 
 LEDGER_ACTOR = "rayfleet-ledger"
+_ENDED = "; ended while stopped (it held the SQLite ledger's write lock), restarted by Ray"
 RUNNER_ACTOR = "rayfleet-runner"
 
 
@@ -288,6 +289,8 @@ class ChaosRun:
         self.violations: list[str] = []
         self.notes: list[str] = []
         self.frozen: set[int] = set()
+        self.ended: set[int] = set()
+        """Frozen hosts that no longer existed when woken (ended by the fleet)."""
         self.pg_restarted = False
         self._lock = threading.Lock()
 
@@ -525,10 +528,9 @@ class ChaosRun:
         try:
             time.sleep(self.profile.freeze)
         finally:
-            os.kill(pid, signal.SIGCONT)
-            self.frozen.discard(pid)
+            ended = not self._wake(pid)
         fault.end = time.monotonic()
-        fault.detail = f"pid {pid} stopped {fault.end - fault.start:.2f} s"
+        fault.detail = f"pid {pid} stopped {fault.end - fault.start:.2f} s" + _ENDED * ended
         self._recovered(fault)
 
     def _fault_zombie_host(self, fleet: rf.Fleet) -> None:
@@ -592,14 +594,22 @@ class ChaosRun:
             waker.join()
         fault.end = time.monotonic()
         fault.detail = f"{len(victims)} owned, {served} served by {other} meanwhile" + (f" ({revoke})" if revoke else "")
+        if pid in self.ended:
+            fault.detail += _ENDED
         if refused:
             fault.detail += f"; {len(refused)} not served, the first: {refused[0]}"
         self._recovered(fault)
 
-    def _wake(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    def _wake(self, pid: int) -> bool:
+        """Continue a frozen host; ``False`` if it no longer exists (a host ended it: it held the SQLite
+        ledger's write lock while stopped, and Ray restarted it)."""
         self.frozen.discard(pid)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            self.ended.add(pid)
+            return False
+        return True
 
     def _fault_ledger_kill(self, fleet: rf.Fleet) -> None:
         old_pid = self._pid(LEDGER_ACTOR)

@@ -179,10 +179,3 @@ def test_the_stall_watch_frees_a_new_holder_waiting_on_a_stopped_client(postgres
         close_all(clients)
         ledger.close()
 
-
-def test_the_stall_watch_does_nothing_on_sqlite(tmp_path: Any) -> None:
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    try:
-        assert ledger.end_stalled_sessions(older_than=0.0) == {}
-    finally:
-        ledger.close()

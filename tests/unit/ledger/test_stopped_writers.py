@@ -1,0 +1,184 @@
+"""A host stopped while it holds a SQLite ledger's write lock must not stop every writer of the fleet for as long.
+
+The lock is a POSIX record lock of the stopped process, which the kernel frees only when
+the process lets go or ends. Seen in the chaos profile: a host frozen (SIGSTOP) inside its
+commit held the file's write lock for its whole 8 s freeze, and no other host could take
+over its identities. These tests stop real processes holding the real lock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polling import eventually
+
+from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._sqlite import SqliteDatabase
+from rayfleet.ledger._stall_watch import StallWatch
+from rayfleet.ledger._stopped_writers import process_state
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the lock holder is asked of Linux's kernel")
+
+PATIENCE = 60.0
+"""Upper bound on the waits below, so a broken build fails rather than hangs; never an expected duration."""
+
+HOLD = """
+import sqlite3, sys, time
+sys.stdin.readline()
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")
+connection.execute("UPDATE hosts SET draining = draining")
+print("holding", flush=True)
+time.sleep(3600)
+"""
+
+
+class Writers:
+    """Processes started to hold the ledger's write lock; every one is killed at the end."""
+
+    def __init__(self, ledger: Ledger, path: Path) -> None:
+        self._ledger = ledger
+        self._path = path
+        self.started: list[subprocess.Popen[str]] = []
+
+    def holding(self, *, host: str | None = None, node: str | None = None, stopped: bool = True) -> int:
+        """A process that holds the write lock (a transaction begun, nothing committed), stopped unless told not.
+
+        With ``host``, it is registered under that name first, with its process id and
+        ``node`` (this node by default), as a host registers when it starts.
+        """
+        process = subprocess.Popen([sys.executable, "-c", HOLD, str(self._path)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        self.started.append(process)
+        if host is not None:
+            self._ledger.register_host(name=host, holder=f"{host}@1", node=node or socket.gethostname(),
+                                       pid=process.pid)
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "holding"
+        if stopped:
+            os.kill(process.pid, signal.SIGSTOP)
+            assert eventually(lambda: process_state(process.pid) == "T", "the holder stopped", PATIENCE)
+        return process.pid
+
+    def kill_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    opened = Ledger(tmp_path / "ledger.sqlite")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def writers(ledger: Ledger, tmp_path: Path) -> Iterator[Writers]:
+    started = Writers(ledger, tmp_path / "ledger.sqlite")
+    yield started
+    started.kill_all()
+
+
+def a_write_waits(path: Path) -> bool:
+    """Whether another connection finds the write lock held (it gives up at once rather than wait)."""
+    connection = sqlite3.connect(path, timeout=0.0, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as error:
+        assert "locked" in str(error), error
+        return True
+    else:
+        connection.execute("ROLLBACK")
+        return False
+    finally:
+        connection.close()
+
+
+def gone(pid: int) -> bool:
+    return process_state(pid) in (None, "Z")
+
+
+def test_the_store_names_the_process_holding_its_write_lock(ledger: Ledger, writers: Writers, tmp_path: Path) -> None:
+    database = SqliteDatabase(tmp_path / "ledger.sqlite")
+    try:
+        assert database.write_lock_holder() is None
+        holder = writers.holding(stopped=False)
+        assert database.write_lock_holder() == holder
+        writers.kill_all()
+        assert database.write_lock_holder() is None
+        # Asking never dropped this process's own locks: its connections still write and read.
+        ledger.register_host(name="h", holder="h@1", node="n", pid=7)
+        (host,) = ledger.hosts()
+        assert (host.name, host.node, host.pid) == ("h", "n", 7)
+    finally:
+        database.close()
+
+
+def test_a_host_of_this_node_stopped_holding_the_lock_is_ended(
+    ledger: Ledger, writers: Writers, tmp_path: Path,
+) -> None:
+    frozen = writers.holding(host="host-1")
+    assert a_write_waits(tmp_path / "ledger.sqlite")
+
+    assert ledger.end_stalled_sessions(older_than=3600.0) == {}  # not stopped that long: left alone
+    assert process_state(frozen) == "T"
+    ended = ledger.end_stalled_sessions(older_than=0.0)
+
+    assert list(ended) == [frozen]
+    assert eventually(lambda: gone(frozen), "the stopped host ended", PATIENCE)
+    assert eventually(lambda: not a_write_waits(tmp_path / "ledger.sqlite"), "the write lock freed", PATIENCE)
+    ledger.register_host(name="host-1", holder="host-1@2")  # the restarted host registers; nothing it left is kept
+    assert [host.holder for host in ledger.hosts()] == ["host-1@2"]
+
+
+@pytest.mark.parametrize("who", ["no host", "a host of another node", "a host not stopped"])
+def test_a_holder_that_is_not_a_stopped_host_of_this_node_is_left_alone(
+    ledger: Ledger, writers: Writers, tmp_path: Path, who: str,
+) -> None:
+    if who == "no host":  # a driver, or the CLI suspended with Ctrl-Z
+        holder = writers.holding()
+    elif who == "a host of another node":
+        holder = writers.holding(host="host-1", node="elsewhere")
+    else:  # a long transaction of a running host
+        holder = writers.holding(host="host-1", stopped=False)
+
+    assert ledger.end_stalled_sessions(older_than=0.0) == {}
+    assert ledger.end_stalled_sessions(older_than=0.0) == {}
+    assert not gone(holder)
+    assert a_write_waits(tmp_path / "ledger.sqlite")
+
+
+def test_the_stall_watch_frees_a_writer_waiting_on_a_stopped_host(ledger: Ledger, writers: Writers,
+                                                                   tmp_path: Path) -> None:
+    waiting = Ledger(SqliteDatabase(tmp_path / "ledger.sqlite", busy_timeout=PATIENCE), authority=False)
+    frozen = writers.holding(host="host-1")
+    watch = StallWatch(ledger, every=0.2, older_than=0.5)
+    outcome: list[Any] = []
+    try:
+        watch.start()
+        # A host's renewal or a lease grant would wait here for as long as the holder stays stopped.
+        writer = threading.Thread(target=lambda: outcome.append(waiting.register_host(name="host-2", holder="h2@1")),
+                                  daemon=True)
+        writer.start()
+        writer.join(PATIENCE)
+
+        assert outcome == [[]], "the write still waits on the stopped host's lock"
+        assert watch.ended == 1
+        assert gone(frozen)
+    finally:
+        watch.stop()
+        waiting.close()
