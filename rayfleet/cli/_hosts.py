@@ -20,7 +20,8 @@ def hosts(options: FleetOptions, as_json: bool) -> None:
         emit_json(found)
     else:
         emit_table(found, (Column("name", "host"), Column("draining", "draining"),
-                           Column("started_at", "started", moment), Column("holder", "lease holder")),
+                           Column("started_at", "started", moment), Column("node", "node"), Column("pid", "pid"),
+                           Column("holder", "lease holder")),
                    title="hosts", empty="no hosts")
 
 

@@ -124,7 +124,10 @@ class Ledger:
         if isinstance(self._db, StalledSessions):
             return self._db.end_stalled_sessions(older_than)
         if isinstance(self._db, WriteLockHolders):
-            return self._stopped_writers.end(self._db.write_lock_holder(), older_than=older_than, hosts=self.hosts)
+            # Read aside: this process's own writers may hold its connection, waiting on the very lock.
+            database = self._db
+            return self._stopped_writers.end(database.write_lock_holder, older_than=older_than,
+                                             hosts=lambda: database.read_aside(_hosts.hosts))
         return {}
 
     @property

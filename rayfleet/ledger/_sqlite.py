@@ -87,6 +87,8 @@ class SqliteDatabase:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._aside_lock = threading.Lock()
+        self._aside: sqlite3.Connection | None = None
         self._busy_timeout = busy_timeout
         self._incarnation = uuid.uuid4().hex
         try:
@@ -207,9 +209,32 @@ class SqliteDatabase:
             return None
         return _lock_holder(self.path.with_name(self.path.name + "-shm"))
 
+    def read_aside(self, fn: Callable[[Transaction], T]) -> T:
+        """:meth:`read` on a connection of its own, opened on first use.
+
+        Never waits for this process's writers (a reader of a WAL database waits on
+        nobody), while :meth:`read` waits for the one connection a writer may hold
+        through a whole busy wait.
+        """
+        with self._aside_lock:
+            if self._aside is None:
+                self._aside = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                              timeout=self._busy_timeout)
+            statements = _Statements(self._aside)
+            try:
+                return fn(statements)
+            except sqlite3.OperationalError as error:
+                raise self._translated(error) from None
+            finally:
+                statements.close()
+
     def close(self) -> None:
         with self._lock:
             self._connection.close()
+        with self._aside_lock:
+            if self._aside is not None:
+                self._aside.close()
+                self._aside = None
 
 
 class _Statements:

@@ -61,34 +61,39 @@ class StoppedWriters:
         """Stopped holders that are not this node's hosts, logged once each."""
 
     def end(
-        self, holder: int | None, *, older_than: float, hosts: Callable[[], Iterable[HostInfo]],
+        self, holder: Callable[[], int | None], *, older_than: float, hosts: Callable[[], Iterable[HostInfo]],
     ) -> dict[int, float]:
-        """End ``holder`` (the write lock's holder now, or ``None``) per the module's rules.
+        """End the process ``holder()`` names (the write lock's holder now, or ``None``) per the module's rules.
 
         Returns ``{pid: seconds}`` for a process ended (seconds since it was first seen
         stopped holding the lock), else ``{}``. ``hosts`` is read only once a holder has
-        been stopped for long enough.
+        been stopped for long enough; since that read may take a while, the holder and
+        its state are asked again just before it is ended.
         """
-        if holder is None or process_state(holder) != "T":
+        pid = holder()
+        if pid is None or process_state(pid) != "T":
             self._seen = None
             return {}
         now = time.monotonic()
-        if self._seen is None or self._seen[0] != holder:
-            self._seen = (holder, now)
+        if self._seen is None or self._seen[0] != pid:
+            self._seen = (pid, now)
         stopped_for = now - self._seen[1]
         if stopped_for < older_than:
             return {}
         node = socket.gethostname()
-        if not any(host.pid == holder and host.node == node for host in hosts()):
-            if holder not in self._told:
-                self._told.add(holder)
+        if not any(host.pid == pid and host.node == node for host in hosts()):
+            if pid not in self._told:
+                self._told.add(pid)
                 log.warning("process %d is stopped while it holds the ledger's write lock; it is no host of this "
                             "fleet on this node, so it is left alone, and the fleet's writes wait until it resumes "
-                            "or ends", holder)
+                            "or ends", pid)
             return {}
+        if holder() != pid or process_state(pid) != "T":
+            self._seen = None
+            return {}  # woken (or its lock let go) meanwhile: nothing to end
         try:
-            os.kill(holder, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return {}  # it ended meanwhile, which is all that was wanted
         self._seen = None
-        return {holder: stopped_for}
+        return {pid: stopped_for}

@@ -141,3 +141,7 @@ class WriteLockHolders(Protocol):
     def write_lock_holder(self) -> int | None:
         """The process id of another process holding the write lock at this moment, else ``None``."""
         ...
+
+    def read_aside(self, fn: Callable[[Transaction], T]) -> T:
+        """:meth:`Database.read`, on a connection that never waits for this process's writers."""
+        ...

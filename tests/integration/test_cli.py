@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -166,9 +167,12 @@ def test_apply_topology_runs_hosts_gc_and_drain(shared: CliFleet) -> None:
     # Applying to a running fleet attaches to it: its one host stays one (no host per CPU).
     assert shared.data("hosts", "--json") == [
         {"name": "rayfleet-host-0", "holder": shared.fleet.hosts()[0].holder,
-         "started_at": shared.fleet.hosts()[0].started_at, "draining": False}
+         "started_at": shared.fleet.hosts()[0].started_at, "draining": False,
+         "node": socket.gethostname(), "pid": shared.fleet.hosts()[0].pid}
     ]
-    assert "rayfleet-host-0" in shared.run("hosts").stdout
+    assert isinstance(shared.fleet.hosts()[0].pid, int)
+    table = shared.run("hosts").stdout
+    assert "rayfleet-host-0" in table and str(shared.fleet.hosts()[0].pid) in table
 
     mermaid = shared.run("topology", "export", "--format", "mermaid")
     assert mermaid.exit_code == 0 and "team/planner" in mermaid.stdout

@@ -25,7 +25,7 @@ from polling import eventually
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._sqlite import SqliteDatabase
 from rayfleet.ledger._stall_watch import StallWatch
-from rayfleet.ledger._stopped_writers import process_state
+from rayfleet.ledger._stopped_writers import StoppedWriters, process_state
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the lock holder is asked of Linux's kernel")
 
@@ -162,16 +162,18 @@ def test_a_holder_that_is_not_a_stopped_host_of_this_node_is_left_alone(
     assert a_write_waits(tmp_path / "ledger.sqlite")
 
 
-def test_the_stall_watch_frees_a_writer_waiting_on_a_stopped_host(ledger: Ledger, writers: Writers,
-                                                                   tmp_path: Path) -> None:
-    waiting = Ledger(SqliteDatabase(tmp_path / "ledger.sqlite", busy_timeout=PATIENCE), authority=False)
+def test_the_stall_watch_frees_a_writer_of_its_own_ledger_waiting_on_a_stopped_host(writers: Writers,
+                                                                                 tmp_path: Path) -> None:
+    # As in a host: the watch and the waiting writer share one ledger (one connection,
+    # which the writer holds while it waits), so the watch must not wait behind it.
+    host = Ledger(SqliteDatabase(tmp_path / "ledger.sqlite", busy_timeout=PATIENCE), authority=False)
     frozen = writers.holding(host="host-1")
-    watch = StallWatch(ledger, every=0.2, older_than=0.5)
+    watch = StallWatch(host, every=0.2, older_than=0.5)
     outcome: list[Any] = []
     try:
         watch.start()
         # A host's renewal or a lease grant would wait here for as long as the holder stays stopped.
-        writer = threading.Thread(target=lambda: outcome.append(waiting.register_host(name="host-2", holder="h2@1")),
+        writer = threading.Thread(target=lambda: outcome.append(host.register_host(name="host-2", holder="h2@1")),
                                   daemon=True)
         writer.start()
         writer.join(PATIENCE)
@@ -181,4 +183,22 @@ def test_the_stall_watch_frees_a_writer_waiting_on_a_stopped_host(ledger: Ledger
         assert gone(frozen)
     finally:
         watch.stop()
-        waiting.close()
+        host.close()
+
+
+def test_a_host_woken_while_the_hosts_are_read_is_not_ended(ledger: Ledger, writers: Writers, tmp_path: Path) -> None:
+    database = SqliteDatabase(tmp_path / "ledger.sqlite")
+    frozen = writers.holding(host="host-1")
+    stopped = StoppedWriters()
+
+    def hosts_read_slowly() -> list[Any]:
+        # The read a host makes takes time; meanwhile whoever stopped the host continues it.
+        os.kill(frozen, signal.SIGCONT)
+        eventually(lambda: process_state(frozen) != "T", "the holder continued", PATIENCE)
+        return ledger.hosts()
+
+    try:
+        assert stopped.end(database.write_lock_holder, older_than=0.0, hosts=hosts_read_slowly) == {}
+        assert not gone(frozen)
+    finally:
+        database.close()
