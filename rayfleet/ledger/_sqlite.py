@@ -36,7 +36,9 @@ Not errors of the statement itself: SQLite reports syntax errors as ``Operationa
 
 _WAL_WRITE_LOCK = 120
 """The byte of the ``-shm`` file that SQLite's unix VFS locks (``F_WRLCK``) while a connection holds the
-write lock of a database in WAL mode: ``UNIX_SHM_BASE`` (120) plus ``WAL_WRITE_LOCK`` (0)."""
+write lock of a database in WAL mode: ``UNIX_SHM_BASE``, ``(22 + SQLITE_SHM_NLOCK) * 4`` = 120 in
+``os_unix.c``, plus ``WAL_WRITE_LOCK`` (0); the WAL format's documentation (walformat.html) names the same
+eight lock bytes from offset 120."""
 _FLOCK = struct.Struct("hhqqi4x")
 """Linux's ``struct flock``: type, whence, start, length, pid (and padding)."""
 _probes: dict[tuple[int, int], int] = {}

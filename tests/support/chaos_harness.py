@@ -570,7 +570,8 @@ class ChaosRun:
                 revoke = f"revoke_holder of the frozen host did not answer: {_describe(error)}"
                 self.notes.append(f"zombie_host {name}: {revoke} (waited {time.monotonic() - asked:.1f} s)")
             handle = ray.get_actor(other, namespace=self.namespace)
-            for identity in victims[:20] if not revoke else []:
+            addable = [identity for identity in victims if identity not in {*self.banks, *self.hotels}]  # no add
+            for identity in addable[:20] if not revoke else []:
                 if not waker.is_alive():
                     break  # the zombie is awake again: the window is over
                 key = f"failover-{uuid.uuid4().hex[:10]}"
