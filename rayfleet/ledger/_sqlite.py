@@ -177,13 +177,16 @@ class SqliteDatabase:
     def read(self, fn: Callable[[Transaction], T]) -> T:
         # One connection behind the lock: a read sees only committed transactions.
         with self._lock:
-            statements = _Statements(self._connection)
-            try:
-                return fn(statements)
-            except sqlite3.OperationalError as error:
-                raise self._translated(error) from None
-            finally:
-                statements.close()
+            return self._read_on(self._connection, fn)
+
+    def _read_on(self, connection: sqlite3.Connection, fn: Callable[[Transaction], T]) -> T:
+        statements = _Statements(connection)
+        try:
+            return fn(statements)
+        except sqlite3.OperationalError as error:
+            raise self._translated(error) from None
+        finally:
+            statements.close()
 
     def _unavailable(self, error: sqlite3.Error) -> LedgerUnavailableError:
         return LedgerUnavailableError(
@@ -222,13 +225,7 @@ class SqliteDatabase:
             if self._aside is None:
                 self._aside = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                                               timeout=self._busy_timeout)
-            statements = _Statements(self._aside)
-            try:
-                return fn(statements)
-            except sqlite3.OperationalError as error:
-                raise self._translated(error) from None
-            finally:
-                statements.close()
+            return self._read_on(self._aside, fn)
 
     def close(self) -> None:
         with self._lock:

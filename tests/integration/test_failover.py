@@ -40,16 +40,23 @@ def _statistics(fleet: rf.Fleet, host: str) -> rf.HostStatistics:
     return found
 
 
-@pytest.mark.timeout(180)
-def test_a_frozen_hosts_identities_answer_from_another_host_while_it_is_still_frozen(make_any_fleet) -> None:
-    fleet: rf.Fleet = make_any_fleet(hosts=2, lease_ttl=TTL)
-    refs = [fleet.spawn(f"freeze/{i}", Counter) for i in range(12)]
+def _counted_once(
+    fleet: rf.Fleet, prefix: str,
+) -> tuple[list[rf.AgentRef], dict[str, rf.IdentityStatus], str, list[rf.AgentRef]]:
+    """Twelve counters added to once (key "first"); their statuses; the first one's host and the refs it serves."""
+    refs = [fleet.spawn(f"{prefix}/{i}", Counter) for i in range(12)]
     for ref in refs:
         assert ref.call("add", n=1, idempotency_key="first") == 1
     before = {ref.identity: fleet.status(ref.identity) for ref in refs}
-    frozen = before[refs[0].identity].host
-    assert frozen is not None
-    victims = [ref for ref in refs if before[ref.identity].host == frozen]
+    host = before[refs[0].identity].host
+    assert host is not None
+    return refs, before, host, [ref for ref in refs if before[ref.identity].host == host]
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_hosts_identities_answer_from_another_host_while_it_is_still_frozen(make_any_fleet) -> None:
+    fleet: rf.Fleet = make_any_fleet(hosts=2, lease_ttl=TTL)
+    refs, before, frozen, victims = _counted_once(fleet, "freeze")
     pid = _pid(fleet, frozen)
 
     os.kill(pid, signal.SIGSTOP)
@@ -89,13 +96,7 @@ def test_a_host_frozen_holding_the_sqlite_ledgers_write_lock_is_ended_and_its_id
     """A host stopped inside its commit keeps the SQLite file's write lock (a POSIX lock of its process):
     no other host can write, so none could take its identities over for as long as it stays stopped."""
     fleet: rf.Fleet = make_fleet(hosts=2, lease_ttl=TTL)
-    refs = [fleet.spawn(f"locked/{i}", Counter) for i in range(12)]
-    for ref in refs:
-        assert ref.call("add", n=1, idempotency_key="first") == 1
-    before = {ref.identity: fleet.status(ref.identity) for ref in refs}
-    frozen = before[refs[0].identity].host
-    assert frozen is not None
-    victims = [ref for ref in refs if before[ref.identity].host == frozen]
+    refs, before, frozen, victims = _counted_once(fleet, "locked")
     pid = _pid(fleet, frozen)
     ledger_file = str(storage / "ledger.sqlite")
 
