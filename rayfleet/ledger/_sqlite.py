@@ -7,7 +7,6 @@ A single connection behind a lock makes the store safe to share between threads.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import struct
@@ -18,6 +17,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+if sys.platform == "linux":  # asking who holds a lock is Linux-only here; the module imports anywhere
+    import fcntl
 
 from ..errors import LedgerSchemaError, LedgerUnavailableError
 from ._schema import MIGRATIONS, SQLITE
