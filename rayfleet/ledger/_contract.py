@@ -330,10 +330,10 @@ class LedgerClient(Protocol):
 
     # -- hosts
     def register_host(
-        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None,
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None, process: str | None = None,
     ) -> LedgerCall[list[str]]:
-        """Record a host incarnation (and where its process runs); leases of an earlier incarnation of the name
-        are freed."""
+        """Record a host incarnation (and where its process runs: see ``HostInfo``); leases of an earlier
+        incarnation of the name are freed."""
         ...
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:

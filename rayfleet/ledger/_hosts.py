@@ -12,14 +12,14 @@ from ._values import HostInfo
 
 
 def register(tx: Transaction, *, name: str, holder: str, now: float, node: str | None = None,
-             pid: int | None = None) -> list[str]:
+             pid: int | None = None, process: str | None = None) -> list[str]:
     previous = tx.execute("SELECT holder FROM hosts WHERE name = ?", (name,)).fetchone()
     freed = _leases.free_holder(tx, previous[0]) if previous is not None and previous[0] != holder else []
     tx.execute(
-        "INSERT INTO hosts (name, holder, started_at, draining, node, pid) VALUES (?, ?, ?, 0, ?, ?) "
+        "INSERT INTO hosts (name, holder, started_at, draining, node, pid, process) VALUES (?, ?, ?, 0, ?, ?, ?) "
         "ON CONFLICT(name) DO UPDATE SET holder = excluded.holder, started_at = excluded.started_at, draining = 0, "
-        "node = excluded.node, pid = excluded.pid",
-        (name, holder, now, node, pid),
+        "node = excluded.node, pid = excluded.pid, process = excluded.process",
+        (name, holder, now, node, pid, process),
     )
     return freed
 
@@ -39,6 +39,7 @@ def set_draining(tx: Transaction, *, name: str, draining: bool) -> None:
 
 def hosts(tx: Transaction) -> list[HostInfo]:
     return [
-        HostInfo(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]), node=row[4], pid=row[5])
-        for row in tx.execute("SELECT name, holder, started_at, draining, node, pid FROM hosts ORDER BY name")
+        HostInfo(name=row[0], holder=row[1], started_at=row[2], draining=bool(row[3]), node=row[4], pid=row[5],
+                 process=row[6])
+        for row in tx.execute("SELECT name, holder, started_at, draining, node, pid, process FROM hosts ORDER BY name")
     ]

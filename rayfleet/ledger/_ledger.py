@@ -715,11 +715,13 @@ class Ledger:
 
     # -- hosts --------------------------------------------------------------------------
 
-    def register_host(self, *, name: str, holder: str, node: str | None = None, pid: int | None = None) -> list[str]:
-        """Record a host incarnation, with the node name and process id of its process when given; leases of an
+    def register_host(
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None, process: str | None = None,
+    ) -> list[str]:
+        """Record a host incarnation, with where its process runs when given (see ``HostInfo``); leases of an
         earlier incarnation of the same name are freed."""
         return self._db.write(lambda tx: _hosts.register(tx, name=name, holder=holder, now=self._now(tx), node=node,
-                                                         pid=pid))
+                                                         pid=pid, process=process))
 
     def remove_host(self, *, name: str, holder: str | None = None) -> list[str]:
         """Forget a host (dead or scaled in) and free its leases; with ``holder``, only that incarnation."""

@@ -469,9 +469,10 @@ class LocalLedgerClient:
         return self._run(self.ledger.purge_dead_letters, identity=identity, ids=ids, before=before)
 
     def register_host(
-        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None,
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None, process: str | None = None,
     ) -> LedgerCall[list[str]]:
-        return self._run(self.ledger.register_host, name=name, holder=holder, node=node, pid=pid)
+        return self._run(self.ledger.register_host, name=name, holder=holder, node=node, pid=pid,
+                         process=process)
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
         return self._run(self.ledger.remove_host, name=name, holder=holder)

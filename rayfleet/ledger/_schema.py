@@ -282,9 +282,11 @@ CREATE INDEX IF NOT EXISTS journal_by_seq ON journal(run_id, seq);
     expires_at {real} NOT NULL
 );
 """),
-    # 9: where each host's process runs. A ledger in a SQLite file finds its fleet's own
-    # hosts among the processes holding the file's write lock (see _stopped_writers).
+    # 9: where each host's process runs, and what tells that process from a later one given
+    # its id. A ledger in a SQLite file finds its fleet's own hosts among the processes
+    # holding the file's write lock (see _stopped_writers).
     Migration("""ALTER TABLE hosts ADD COLUMN node TEXT;
 ALTER TABLE hosts ADD COLUMN pid {int};
+ALTER TABLE hosts ADD COLUMN process TEXT;
 """),
 )

@@ -48,22 +48,35 @@ _probes: dict[tuple[int, int], int] = {}
 _probes_lock = threading.Lock()
 
 
+_spare_probes: list[int] = []
+"""Descriptors opened for a file that already had one (it was made anew meanwhile): kept open too."""
+
+
 def _lock_holder(shm: Path) -> int | None:
     """The process id of another process holding ``shm``'s WAL write lock now, or ``None``.
 
     The descriptor asked through is never closed: closing any descriptor of a file
     drops every POSIX lock this process holds on that file, SQLite's own included.
-    One is kept per file (a new one only if the file was made anew).
+    One is kept per file, known by its device and inode: while it is open no other file
+    can have that inode, so a descriptor found by the path's inode is one of this file.
     """
     try:
         found = os.stat(shm)
     except FileNotFoundError:
         return None  # no connection has the database open in WAL mode: nobody holds its write lock
-    key = (found.st_dev, found.st_ino)
     with _probes_lock:
-        descriptor = _probes.get(key)
+        descriptor = _probes.get((found.st_dev, found.st_ino))
         if descriptor is None:
-            descriptor = _probes[key] = os.open(shm, os.O_RDONLY)
+            try:
+                descriptor = os.open(shm, os.O_RDONLY)
+            except FileNotFoundError:
+                return None  # removed since (the last connection closed): nobody holds the lock
+            # Filed by what was opened: the path may name a new file since the stat.
+            opened = os.fstat(descriptor)
+            known = _probes.setdefault((opened.st_dev, opened.st_ino), descriptor)
+            if known != descriptor:
+                _spare_probes.append(descriptor)
+                descriptor = known
     asked = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK, 1, 0)
     kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(descriptor, fcntl.F_GETLK, asked))
     return None if kind == fcntl.F_UNLCK else int(pid)
@@ -93,6 +106,7 @@ class SqliteDatabase:
         self._lock = threading.Lock()
         self._aside_lock = threading.Lock()
         self._aside: sqlite3.Connection | None = None
+        self._closed = False
         self._busy_timeout = busy_timeout
         self._incarnation = uuid.uuid4().hex
         try:
@@ -214,7 +228,8 @@ class SqliteDatabase:
         """
         if sys.platform != "linux":
             return None
-        return _lock_holder(self.path.with_name(self.path.name + "-shm"))
+        real = Path(os.path.realpath(self.path))  # SQLite puts the -shm beside the file a link points to
+        return _lock_holder(real.with_name(real.name + "-shm"))
 
     def read_aside(self, fn: Callable[[Transaction], T]) -> T:
         """:meth:`read` on a connection of its own, opened on first use.
@@ -224,6 +239,8 @@ class SqliteDatabase:
         through a whole busy wait.
         """
         with self._aside_lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
             if self._aside is None:
                 self._aside = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                                               timeout=self._busy_timeout)
@@ -233,6 +250,7 @@ class SqliteDatabase:
         with self._lock:
             self._connection.close()
         with self._aside_lock:
+            self._closed = True
             if self._aside is not None:
                 self._aside.close()
                 self._aside = None

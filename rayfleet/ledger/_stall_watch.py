@@ -26,8 +26,13 @@ log = logging.getLogger("rayfleet.ledger")
 STALLED_AFTER = IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000
 """Seconds a session may wait for its client's next message, while others wait on its locks, before it is
 ended: the limit the ledger's sessions set the server for an idle transaction."""
+STOPPED_AFTER = 2.0
+"""Seconds a SQLite host may stay stopped holding the file's write lock before it is ended. Every writer
+of the fleet waits meanwhile (and gives up after the store's busy timeout, 5 s); a pause shorter than
+this (a long garbage collection, a debugger's brief stop) is waited out rather than ended."""
 WATCH_EVERY = 1.0
-"""Seconds between two looks; one statement each, which asks for lock waits only while a session stalls."""
+"""Seconds between two looks: on PostgreSQL one statement, which asks for lock waits only while a session
+stalls; on SQLite one question to the kernel about the file's lock, and ``/proc`` only if it is held."""
 
 
 class StallWatch:
@@ -38,14 +43,16 @@ class StallWatch:
     and the next one tried.
     """
 
-    def __init__(self, ledger: Ledger, *, every: float = WATCH_EVERY, older_than: float = STALLED_AFTER) -> None:
+    def __init__(self, ledger: Ledger, *, every: float = WATCH_EVERY, older_than: float | None = None) -> None:
+        """``older_than`` defaults to :data:`STOPPED_AFTER` on SQLite, :data:`STALLED_AFTER` elsewhere."""
         self._ledger = ledger
         self._every = every
-        self._older_than = older_than
+        self._older_than = older_than if older_than is not None else (
+            STOPPED_AFTER if ledger.kind == "sqlite" else STALLED_AFTER)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ended = 0
-        """Sessions ended so far."""
+        """Sessions (PostgreSQL) or host processes (SQLite) ended so far."""
 
     def start(self) -> None:
         """Start looking, on a thread of its own; on a store whose sessions cannot stall, nothing is started."""

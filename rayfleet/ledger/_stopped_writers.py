@@ -15,11 +15,13 @@ A process is ended only when all of these hold:
 - it holds the file's write lock, and is stopped (state ``T`` in ``/proc``) at every
   look for over ``older_than`` seconds; a process stopped by a debugger (``t``) is left
   alone;
-- it is a host registered in the ledger as running on this node under that process id.
+- it is a host registered in the ledger under that process id and that process key
+  (:func:`process_key`: the kernel's boot id and the process's start time), so neither a
+  host of another machine nor a later process that was given a dead host's id matches.
 
 Any other process found holding the lock while stopped (a driver or the CLI suspended
 with Ctrl-Z) is logged once and left alone: the fleet's writes wait until it resumes.
-Linux only (``/proc`` and the lock record's layout); elsewhere nothing is ever ended.
+Linux only (``/proc``, the lock record's layout, pidfds); elsewhere nothing is ever ended.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -36,29 +38,51 @@ from ._values import HostInfo
 log = logging.getLogger("rayfleet.ledger")
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter scheduler state of process ``pid`` (``R``, ``S``, ``T``, ...), or ``None`` if it is gone."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """Process ``pid``'s scheduler state (``R``, ``S``, ``T``, ...) and start time (clock ticks after boot), or
+    ``None`` if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
             text = stat.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    # "pid (command name) state ...": the name may hold spaces and parentheses, the state follows the last ')'.
+    # "pid (command name) state ppid ...": the name may hold spaces and parentheses, so the
+    # fields are counted from the last ')'; the start time is the stat file's 22nd field.
     fields = text.rpartition(")")[2].split()
-    return fields[0] if fields else None
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter scheduler state of process ``pid`` (``R``, ``S``, ``T``, ...), or ``None`` if it is gone."""
+    found = _stat(pid)
+    return None if found is None else found[0]
+
+
+def process_key(pid: int) -> str | None:
+    """What tells process ``pid`` from any other process of any machine, even one later given the same id:
+    the kernel's boot id and the process's start time. ``None`` off Linux or if the process is gone."""
+    found = _stat(pid)
+    if found is None:
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            return f"{boot.read().strip()}:{found[1]}"
+    except OSError:
+        return None
 
 
 class StoppedWriters:
     """Remembers since when the write lock's holder has been seen stopped, and ends it once that is too long.
 
-    One per ledger; thread-safe only as far as one watch calls :meth:`end` at a time.
+    One per ledger; :meth:`end` may be called from any thread (one call at a time runs).
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._seen: tuple[int, float] | None = None
         """The stopped holder last seen, with the monotonic time it was first seen so."""
         self._told: set[int] = set()
-        """Stopped holders that are not this node's hosts, logged once each."""
+        """Stopped holders that are not hosts of this fleet, logged once each."""
 
     def end(
         self, holder: Callable[[], int | None], *, older_than: float, hosts: Callable[[], Iterable[HostInfo]],
@@ -67,9 +91,17 @@ class StoppedWriters:
 
         Returns ``{pid: seconds}`` for a process ended (seconds since it was first seen
         stopped holding the lock), else ``{}``. ``hosts`` is read only once a holder has
-        been stopped for long enough; since that read may take a while, the holder and
-        its state are asked again just before it is ended.
+        been stopped for long enough. Since that read may take a while, the process is
+        held by a pidfd (so the signal cannot reach a later process given its id) and
+        asked again whether it still holds the lock and is still stopped, just before
+        it is killed.
         """
+        with self._lock:
+            return self._end(holder, older_than=older_than, hosts=hosts)
+
+    def _end(
+        self, holder: Callable[[], int | None], *, older_than: float, hosts: Callable[[], Iterable[HostInfo]],
+    ) -> dict[int, float]:
         pid = holder()
         if pid is None or process_state(pid) != "T":
             self._seen = None
@@ -80,20 +112,31 @@ class StoppedWriters:
         stopped_for = now - self._seen[1]
         if stopped_for < older_than:
             return {}
-        node = socket.gethostname()
-        if not any(host.pid == pid and host.node == node for host in hosts()):
+        key = process_key(pid)
+        if key is None or not any(host.pid == pid and host.process == key for host in hosts()):
             if pid not in self._told:
                 self._told.add(pid)
                 log.warning("process %d is stopped while it holds the ledger's write lock; it is no host of this "
-                            "fleet on this node, so it is left alone, and the fleet's writes wait until it resumes "
-                            "or ends", pid)
+                            "fleet, so it is left alone, and the fleet's writes wait until it resumes or ends", pid)
             return {}
-        if holder() != pid or process_state(pid) != "T":
-            self._seen = None
-            return {}  # woken (or its lock let go) meanwhile: nothing to end
         try:
-            os.kill(pid, signal.SIGKILL)
+            handle = os.pidfd_open(pid)
         except ProcessLookupError:
             return {}  # it ended meanwhile, which is all that was wanted
+        except OSError as error:  # a kernel without pidfds (before Linux 5.3): never signal a pid that may be reused
+            if pid not in self._told:
+                self._told.add(pid)
+                log.warning("host process %d is stopped while it holds the ledger's write lock, but it cannot be "
+                            "ended safely here (%s); the fleet's writes wait until it resumes or ends", pid, error)
+            return {}
+        try:
+            if holder() != pid or process_state(pid) != "T" or process_key(pid) != key:
+                self._seen = None
+                return {}  # woken, or its lock let go, meanwhile: nothing to end
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        except ProcessLookupError:
+            return {}
+        finally:
+            os.close(handle)
         self._seen = None
         return {pid: stopped_for}

@@ -195,7 +195,9 @@ class StoredMessage:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostInfo:
     """A registered host: its actor name, the lease holder id of its current incarnation, whether it drains,
-    and where its process runs (node name and process id; ``None`` for a host that did not say)."""
+    and where its process runs (``None`` for what a host did not say): its node's name, its process id, and
+    ``process``, what tells that process from any later one given the same id (on Linux the kernel's boot id
+    and the process's start time)."""
 
     name: str
     holder: str
@@ -203,6 +205,7 @@ class HostInfo:
     draining: bool
     node: str | None = None
     pid: int | None = None
+    process: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

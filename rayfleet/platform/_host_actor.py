@@ -50,6 +50,7 @@ from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._stall_watch import StallWatch
+from ..ledger._stopped_writers import process_key
 from ..retry import RetryPolicy
 from ._batching import Answered, BatchServer
 from ._ledger_client import connect_ledger_from
@@ -266,7 +267,7 @@ class AgentHost:
             try:
                 await runtime.start()
                 await ledger.register_host(name=self.name, holder=runtime.holder, node=socket.gethostname(),
-                                           pid=os.getpid())
+                                           pid=os.getpid(), process=process_key(os.getpid()))
                 await courier.refresh_async()
             except BaseException:
                 # Nothing of a failed attempt keeps running (renewal loop, committer, pool).

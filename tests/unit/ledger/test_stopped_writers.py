@@ -25,7 +25,7 @@ from polling import eventually
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._sqlite import SqliteDatabase
 from rayfleet.ledger._stall_watch import StallWatch
-from rayfleet.ledger._stopped_writers import StoppedWriters, process_state
+from rayfleet.ledger._stopped_writers import StoppedWriters, process_key, process_state
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the lock holder is asked of Linux's kernel")
 
@@ -51,18 +51,18 @@ class Writers:
         self._path = path
         self.started: list[subprocess.Popen[str]] = []
 
-    def holding(self, *, host: str | None = None, node: str | None = None, stopped: bool = True) -> int:
+    def holding(self, *, host: str | None = None, key: str | None = None, stopped: bool = True) -> int:
         """A process that holds the write lock (a transaction begun, nothing committed), stopped unless told not.
 
         With ``host``, it is registered under that name first, with its process id and
-        ``node`` (this node by default), as a host registers when it starts.
+        key, as a host registers when it starts (or with ``key`` in place of its own).
         """
         process = subprocess.Popen([sys.executable, "-c", HOLD, str(self._path)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
         self.started.append(process)
         if host is not None:
-            self._ledger.register_host(name=host, holder=f"{host}@1", node=node or socket.gethostname(),
-                                       pid=process.pid)
+            self._ledger.register_host(name=host, holder=f"{host}@1", node=socket.gethostname(), pid=process.pid,
+                                       process=key or process_key(process.pid))
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write("go\n")
         process.stdin.flush()
@@ -120,15 +120,41 @@ def test_the_store_names_the_process_holding_its_write_lock(ledger: Ledger, writ
         assert database.write_lock_holder() == holder
         writers.kill_all()
         assert database.write_lock_holder() is None
-        # Asking never dropped this process's own locks: its connections still write and read.
-        ledger.register_host(name="h", holder="h@1", node="n", pid=7)
+        ledger.register_host(name="h", holder="h@1", node="n", pid=7, process="boot:1")
         (host,) = ledger.hosts()
-        assert (host.name, host.node, host.pid) == ("h", "n", 7)
+        assert (host.name, host.node, host.pid, host.process) == ("h", "n", 7, "boot:1")
     finally:
         database.close()
 
 
-def test_a_host_of_this_node_stopped_holding_the_lock_is_ended(
+def test_asking_who_holds_the_lock_keeps_this_processs_own_locks(tmp_path: Path) -> None:
+    # Closing any descriptor of a file drops every POSIX lock the process holds on it: the
+    # descriptor the question goes through must outlive the asking.
+    path = tmp_path / "ledger.sqlite"
+    Ledger(path).close()
+    mine = sqlite3.connect(path, isolation_level=None)
+    asker = SqliteDatabase(path)
+    try:
+        mine.execute("BEGIN IMMEDIATE")  # this process holds the write lock
+        assert asker.write_lock_holder() is None  # a process's own locks never conflict with it
+        asker.close()
+        assert a_write_waits_elsewhere(path), "asking dropped this process's write lock"
+    finally:
+        mine.execute("ROLLBACK")
+        mine.close()
+
+
+def a_write_waits_elsewhere(path: Path) -> bool:
+    """:func:`a_write_waits`, asked by another process (a process's own locks never stop it)."""
+    script = f"import sqlite3; sqlite3.connect({str(path)!r}, timeout=0.0, isolation_level=None).execute('BEGIN IMMEDIATE')"
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
+    if finished.returncode == 0:
+        return False
+    assert "locked" in finished.stderr, finished.stderr
+    return True
+
+
+def test_a_registered_host_stopped_holding_the_lock_is_ended(
     ledger: Ledger, writers: Writers, tmp_path: Path,
 ) -> None:
     frozen = writers.holding(host="host-1")
@@ -145,14 +171,14 @@ def test_a_host_of_this_node_stopped_holding_the_lock_is_ended(
     assert [host.holder for host in ledger.hosts()] == ["host-1@2"]
 
 
-@pytest.mark.parametrize("who", ["no host", "a host of another node", "a host not stopped"])
-def test_a_holder_that_is_not_a_stopped_host_of_this_node_is_left_alone(
+@pytest.mark.parametrize("who", ["no host", "another process under a dead host's id", "a host not stopped"])
+def test_a_holder_that_is_not_a_stopped_registered_host_is_left_alone(
     ledger: Ledger, writers: Writers, tmp_path: Path, who: str,
 ) -> None:
     if who == "no host":  # a driver, or the CLI suspended with Ctrl-Z
         holder = writers.holding()
-    elif who == "a host of another node":
-        holder = writers.holding(host="host-1", node="elsewhere")
+    elif who == "another process under a dead host's id":  # the id reused, or a host of another machine
+        holder = writers.holding(host="host-1", key="another-boot:12345")
     else:  # a long transaction of a running host
         holder = writers.holding(host="host-1", stopped=False)
 
@@ -179,8 +205,8 @@ def test_the_stall_watch_frees_a_writer_of_its_own_ledger_waiting_on_a_stopped_h
         writer.join(PATIENCE)
 
         assert outcome == [[]], "the write still waits on the stopped host's lock"
-        assert watch.ended == 1
-        assert gone(frozen)
+        assert eventually(lambda: watch.ended == 1, "the watch counted the host it ended", PATIENCE)
+        assert eventually(lambda: gone(frozen), "the stopped host ended", PATIENCE)
     finally:
         watch.stop()
         host.close()
