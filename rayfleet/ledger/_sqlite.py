@@ -48,10 +48,6 @@ _probes: dict[tuple[int, int], int] = {}
 _probes_lock = threading.Lock()
 
 
-_spare_probes: list[int] = []
-"""Descriptors opened for a file that already had one (it was made anew meanwhile): kept open too."""
-
-
 def _lock_holder(shm: Path) -> int | None:
     """The process id of another process holding ``shm``'s WAL write lock now, or ``None``.
 
@@ -71,12 +67,10 @@ def _lock_holder(shm: Path) -> int | None:
                 descriptor = os.open(shm, os.O_RDONLY)
             except FileNotFoundError:
                 return None  # removed since (the last connection closed): nobody holds the lock
-            # Filed by what was opened: the path may name a new file since the stat.
+            # Filed by what was opened: the path may name a new file since the stat. A second
+            # descriptor of a file already known stays open all the same (closing it would drop locks).
             opened = os.fstat(descriptor)
-            known = _probes.setdefault((opened.st_dev, opened.st_ino), descriptor)
-            if known != descriptor:
-                _spare_probes.append(descriptor)
-                descriptor = known
+            descriptor = _probes.setdefault((opened.st_dev, opened.st_ino), descriptor)
     asked = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK, 1, 0)
     kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(descriptor, fcntl.F_GETLK, asked))
     return None if kind == fcntl.F_UNLCK else int(pid)
@@ -107,6 +101,8 @@ class SqliteDatabase:
         self._aside_lock = threading.Lock()
         self._aside: sqlite3.Connection | None = None
         self._closed = False
+        real = Path(os.path.realpath(self.path))  # SQLite puts the -shm beside the file a link points to
+        self._shm = real.with_name(real.name + "-shm")
         self._busy_timeout = busy_timeout
         self._incarnation = uuid.uuid4().hex
         try:
@@ -226,10 +222,7 @@ class SqliteDatabase:
         answers even while the holder is stopped. Answers ``None`` off Linux (the lock
         record's layout is Linux's), and for this process's own locks.
         """
-        if sys.platform != "linux":
-            return None
-        real = Path(os.path.realpath(self.path))  # SQLite puts the -shm beside the file a link points to
-        return _lock_holder(real.with_name(real.name + "-shm"))
+        return _lock_holder(self._shm) if sys.platform == "linux" else None
 
     def read_aside(self, fn: Callable[[Transaction], T]) -> T:
         """:meth:`read` on a connection of its own, opened on first use.

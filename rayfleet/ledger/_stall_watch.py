@@ -47,8 +47,9 @@ class StallWatch:
         """``older_than`` defaults to :data:`STOPPED_AFTER` on SQLite, :data:`STALLED_AFTER` elsewhere."""
         self._ledger = ledger
         self._every = every
-        self._older_than = older_than if older_than is not None else (
-            STOPPED_AFTER if ledger.kind == "sqlite" else STALLED_AFTER)
+        sqlite = ledger.kind == "sqlite"
+        self._older_than = older_than if older_than is not None else (STOPPED_AFTER if sqlite else STALLED_AFTER)
+        self._ends = "host process" if sqlite else "ledger session"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ended = 0
@@ -80,8 +81,7 @@ class StallWatch:
                 failing = True
                 continue
             failing = False
-            what = "host process" if self._ledger.kind == "sqlite" else "ledger session"
             for pid, seconds in ended.items():
                 self.ended += 1
                 log.warning("ended %s %d: it stopped mid-transaction %.1f s ago (a frozen or stuck process) and "
-                            "held locks other writers need", what, pid, seconds)
+                            "held locks other writers need", self._ends, pid, seconds)

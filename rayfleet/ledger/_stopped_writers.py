@@ -26,6 +26,7 @@ Linux only (``/proc``, the lock record's layout, pidfds); elsewhere nothing is e
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -52,23 +53,30 @@ def _stat(pid: int) -> tuple[str, str] | None:
     return (fields[0], fields[19]) if len(fields) > 19 else None
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter scheduler state of process ``pid`` (``R``, ``S``, ``T``, ...), or ``None`` if it is gone."""
-    found = _stat(pid)
-    return None if found is None else found[0]
+@functools.cache
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            return boot.read().strip()
+    except OSError:
+        return None
+
+
+def _key(found: tuple[str, str] | None) -> str | None:
+    boot = _boot_id()
+    return None if found is None or boot is None else f"{boot}:{found[1]}"
 
 
 def process_key(pid: int) -> str | None:
     """What tells process ``pid`` from any other process of any machine, even one later given the same id:
     the kernel's boot id and the process's start time. ``None`` off Linux or if the process is gone."""
+    return _key(_stat(pid))
+
+
+def _stopped_key(pid: int) -> str | None:
+    """:func:`process_key` of ``pid`` if it is stopped (``T``), else ``None`` (one read of ``/proc``)."""
     found = _stat(pid)
-    if found is None:
-        return None
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
-            return f"{boot.read().strip()}:{found[1]}"
-    except OSError:
-        return None
+    return _key(found) if found is not None and found[0] == "T" else None
 
 
 class StoppedWriters:
@@ -103,7 +111,8 @@ class StoppedWriters:
         self, holder: Callable[[], int | None], *, older_than: float, hosts: Callable[[], Iterable[HostInfo]],
     ) -> dict[int, float]:
         pid = holder()
-        if pid is None or process_state(pid) != "T":
+        key = None if pid is None else _stopped_key(pid)
+        if pid is None or key is None:
             self._seen = None
             return {}
         now = time.monotonic()
@@ -112,8 +121,7 @@ class StoppedWriters:
         stopped_for = now - self._seen[1]
         if stopped_for < older_than:
             return {}
-        key = process_key(pid)
-        if key is None or not any(host.pid == pid and host.process == key for host in hosts()):
+        if not any(host.pid == pid and host.process == key for host in hosts()):
             if pid not in self._told:
                 self._told.add(pid)
                 log.warning("process %d is stopped while it holds the ledger's write lock; it is no host of this "
@@ -130,7 +138,7 @@ class StoppedWriters:
                             "ended safely here (%s); the fleet's writes wait until it resumes or ends", pid, error)
             return {}
         try:
-            if holder() != pid or process_state(pid) != "T" or process_key(pid) != key:
+            if holder() != pid or _stopped_key(pid) != key:
                 self._seen = None
                 return {}  # woken, or its lock let go, meanwhile: nothing to end
             signal.pidfd_send_signal(handle, signal.SIGKILL)

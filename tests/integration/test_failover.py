@@ -15,6 +15,7 @@ import time
 import pytest
 import ray
 from polling import eventually
+from processes import ended
 
 import rayfleet as rf
 
@@ -34,15 +35,6 @@ class Counter(rf.Agent):
 def _pid(fleet: rf.Fleet, host: str) -> int:
     handle = ray.get_actor(host, namespace=fleet.config.namespace)
     return int(ray.get(handle.__ray_call__.remote(lambda actor: os.getpid())))
-
-
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (gone, or a zombie its parent has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def _statistics(fleet: rf.Fleet, host: str) -> rf.HostStatistics:
@@ -123,7 +115,7 @@ def test_a_host_frozen_holding_the_sqlite_ledgers_write_lock_is_ended_and_its_id
         # Without the other host's stall watch these wait until the frozen host wakes (or time out).
         answers = [ref.call("add", n=1, idempotency_key="second", timeout=60) for ref in victims]
         assert answers == [2] * len(victims)
-        assert eventually(lambda: _ended(pid), "the stopped host ended, not woken", 60.0)
+        assert eventually(lambda: ended(pid), "the stopped host ended, not woken", 60.0)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)

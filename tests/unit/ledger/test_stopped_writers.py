@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 from polling import eventually
+from processes import ended, process_state
 
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._sqlite import SqliteDatabase
 from rayfleet.ledger._stall_watch import StallWatch
-from rayfleet.ledger._stopped_writers import StoppedWriters, process_key, process_state
+from rayfleet.ledger._stopped_writers import StoppedWriters, process_key
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the lock holder is asked of Linux's kernel")
 
@@ -94,22 +95,14 @@ def writers(ledger: Ledger, tmp_path: Path) -> Iterator[Writers]:
 
 
 def a_write_waits(path: Path) -> bool:
-    """Whether another connection finds the write lock held (it gives up at once rather than wait)."""
-    connection = sqlite3.connect(path, timeout=0.0, isolation_level=None)
-    try:
-        connection.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as error:
-        assert "locked" in str(error), error
-        return True
-    else:
-        connection.execute("ROLLBACK")
+    """Whether a write finds the lock held (it gives up at once rather than wait). Asked by another process,
+    since a process's own locks never stop it."""
+    script = f"import sqlite3; sqlite3.connect({str(path)!r}, timeout=0.0, isolation_level=None).execute('BEGIN IMMEDIATE')"
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
+    if finished.returncode == 0:
         return False
-    finally:
-        connection.close()
-
-
-def gone(pid: int) -> bool:
-    return process_state(pid) in (None, "Z")
+    assert "locked" in finished.stderr, finished.stderr
+    return True
 
 
 def test_the_store_names_the_process_holding_its_write_lock(ledger: Ledger, writers: Writers, tmp_path: Path) -> None:
@@ -138,20 +131,10 @@ def test_asking_who_holds_the_lock_keeps_this_processs_own_locks(tmp_path: Path)
         mine.execute("BEGIN IMMEDIATE")  # this process holds the write lock
         assert asker.write_lock_holder() is None  # a process's own locks never conflict with it
         asker.close()
-        assert a_write_waits_elsewhere(path), "asking dropped this process's write lock"
+        assert a_write_waits(path), "asking dropped this process's write lock"
     finally:
         mine.execute("ROLLBACK")
         mine.close()
-
-
-def a_write_waits_elsewhere(path: Path) -> bool:
-    """:func:`a_write_waits`, asked by another process (a process's own locks never stop it)."""
-    script = f"import sqlite3; sqlite3.connect({str(path)!r}, timeout=0.0, isolation_level=None).execute('BEGIN IMMEDIATE')"
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
-    if finished.returncode == 0:
-        return False
-    assert "locked" in finished.stderr, finished.stderr
-    return True
 
 
 def test_a_registered_host_stopped_holding_the_lock_is_ended(
@@ -162,10 +145,10 @@ def test_a_registered_host_stopped_holding_the_lock_is_ended(
 
     assert ledger.end_stalled_sessions(older_than=3600.0) == {}  # not stopped that long: left alone
     assert process_state(frozen) == "T"
-    ended = ledger.end_stalled_sessions(older_than=0.0)
+    killed = ledger.end_stalled_sessions(older_than=0.0)
 
-    assert list(ended) == [frozen]
-    assert eventually(lambda: gone(frozen), "the stopped host ended", PATIENCE)
+    assert list(killed) == [frozen]
+    assert eventually(lambda: ended(frozen), "the stopped host ended", PATIENCE)
     assert eventually(lambda: not a_write_waits(tmp_path / "ledger.sqlite"), "the write lock freed", PATIENCE)
     ledger.register_host(name="host-1", holder="host-1@2")  # the restarted host registers; nothing it left is kept
     assert [host.holder for host in ledger.hosts()] == ["host-1@2"]
@@ -184,7 +167,7 @@ def test_a_holder_that_is_not_a_stopped_registered_host_is_left_alone(
 
     assert ledger.end_stalled_sessions(older_than=0.0) == {}
     assert ledger.end_stalled_sessions(older_than=0.0) == {}
-    assert not gone(holder)
+    assert not ended(holder)
     assert a_write_waits(tmp_path / "ledger.sqlite")
 
 
@@ -206,7 +189,7 @@ def test_the_stall_watch_frees_a_writer_of_its_own_ledger_waiting_on_a_stopped_h
 
         assert outcome == [[]], "the write still waits on the stopped host's lock"
         assert eventually(lambda: watch.ended == 1, "the watch counted the host it ended", PATIENCE)
-        assert eventually(lambda: gone(frozen), "the stopped host ended", PATIENCE)
+        assert eventually(lambda: ended(frozen), "the stopped host ended", PATIENCE)
     finally:
         watch.stop()
         host.close()
@@ -225,6 +208,6 @@ def test_a_host_woken_while_the_hosts_are_read_is_not_ended(ledger: Ledger, writ
 
     try:
         assert stopped.end(database.write_lock_holder, older_than=0.0, hosts=hosts_read_slowly) == {}
-        assert not gone(frozen)
+        assert not ended(frozen)
     finally:
         database.close()
