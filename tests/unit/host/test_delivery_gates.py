@@ -120,6 +120,21 @@ async def test_stale_conversation_fence_is_refused_and_dead_lettered(ledger: Led
         assert (await heir.deliver("acct/1", "deposit", (), {"amount": 0}, conversation="c", fence=4)).value == 2
 
 
+async def test_a_sequence_that_went_backwards_raises_stale_sequence_with_advice_for_the_caller(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        with pytest.raises(rf.StaleSequenceError) as caught:
+            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=2)
+    error = caught.value
+    assert (error.conversation, error.presented, error.current) == ("c", 2, 3)
+    assert isinstance(error, rf.DeliveryError) and not isinstance(error, rf.StaleFencingTokenError)
+    # The caller's own numbering went backwards: nothing about owners or dropping the agent.
+    assert "another owner" not in error.message and "Drop the agent" not in error.message
+    assert "sequence" in error.message and "3" in error.message
+
+
 async def test_expired_deadline_dead_letters_without_running(ledger: Ledger, tmp_path: Path) -> None:
     async with host(ledger, tmp_path) as runtime:
         with pytest.raises(rf.DeadlineExceededError):
