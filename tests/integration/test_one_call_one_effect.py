@@ -51,6 +51,13 @@ class Counter(rf.Agent):
         return self.state.total
 
 
+def add(ref: rf.AgentRef, round_: int, **arguments: object) -> int:
+    """``add`` without an idempotency key, through ``call`` and ``ask`` in turn."""
+    if round_ % 2:
+        return int(asyncio.run(ref.ask("add", timeout=60, **arguments)))
+    return int(ref.call("add", timeout=60, **arguments))
+
+
 @pytest.mark.timeout(600)
 def test_a_host_dying_between_the_commit_and_the_reply_costs_no_second_effect(
     make_any_fleet: object, tmp_path: Path,
@@ -62,10 +69,7 @@ def test_a_host_dying_between_the_commit_and_the_reply_costs_no_second_effect(
     for round_ in range(ROUNDS):
         flag.touch()
         total += 10
-        if round_ % 2:
-            got = asyncio.run(ref.ask("add", n=10, crash_flag=str(flag), timeout=60))
-        else:
-            got = ref.call("add", n=10, crash_flag=str(flag), timeout=60)
+        got = add(ref, round_, n=10, crash_flag=str(flag))
         assert not flag.exists(), "the host never took the message"
         assert got == total, f"round {round_}: one call of add(10) moved the total to {got}, not {total}"
     assert ref.call("add", n=0, timeout=60) == total
@@ -83,10 +87,7 @@ def test_a_call_sent_as_its_host_is_killed_has_one_effect(make_any_fleet: object
         # Not waited for: the call below races the kill, as in the quickstart. Ray restarts the host.
         ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace), no_restart=False)
         total += 10
-        if round_ % 2:
-            got = asyncio.run(ref.ask("add", n=10, timeout=60))
-        else:
-            got = ref.call("add", n=10, timeout=60)
+        got = add(ref, round_, n=10)
         assert got == total, f"round {round_}: one call of add(10) moved the total to {got}, not {total}"
     status = fleet.status("counter/once")
     assert ref.call("add", n=0, timeout=60) == total
