@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ._output import Column, emit_fields, emit_json, emit_line, emit_table, json_option, moment
-from ._session import FleetOptions, open_fleet, pass_options
+from ._session import FleetOptions, open_fleet, open_records, pass_options
 
 RESERVED_CALL_OPTIONS = ("timeout", "idempotency_key", "deadline", "conversation", "sequence")
 """Keyword names ``AgentRef.call`` keeps for itself, so they cannot be handler arguments from the CLI."""
@@ -59,8 +59,8 @@ def parse_arguments(ctx: click.Context, param: click.Parameter, text: str) -> di
 @json_option
 @pass_options
 def status(options: FleetOptions, identity: str | None, as_json: bool) -> None:
-    """Show one identity (state, owner, lease, checkpoint), or a summary of the fleet."""
-    with open_fleet(options) as fleet:
+    """Show one identity (state, owner, lease, checkpoint), or a summary of the fleet (also of a stopped one)."""
+    with open_records(options) as fleet:
         if identity is not None:
             found = fleet.status(identity)
             if as_json:
@@ -103,8 +103,8 @@ def status(options: FleetOptions, identity: str | None, as_json: bool) -> None:
 @json_option
 @pass_options
 def list_identities(options: FleetOptions, labels: dict[str, str], as_json: bool) -> None:
-    """List identities, sorted, optionally filtered by labels."""
-    with open_fleet(options) as fleet:
+    """List identities, sorted, optionally filtered by labels (also of a stopped fleet)."""
+    with open_records(options) as fleet:
         agents = fleet.list_agents(labels=labels or None)
     if as_json:
         emit_json(agents)

@@ -7,7 +7,7 @@ import time
 import click
 
 from ._output import Column, emit_json, emit_line, emit_table, json_option, moment
-from ._session import FleetOptions, open_fleet, pass_options
+from ._session import FleetOptions, open_fleet, open_records, pass_options
 
 LETTER_COLUMNS = (
     Column("id", "id"),
@@ -31,8 +31,8 @@ def dead_letters() -> None:
 @json_option
 @pass_options
 def list_letters(options: FleetOptions, identity: str | None, limit: int, as_json: bool) -> None:
-    """List dead letters, oldest first."""
-    with open_fleet(options) as fleet:
+    """List dead letters, oldest first (also of a stopped fleet)."""
+    with open_records(options) as fleet:
         letters = fleet.dead_letters(identity, limit=limit)
     if as_json:
         emit_json(letters)

@@ -9,7 +9,7 @@ import click
 
 from ..workflow._definition import RunStatus
 from ._output import Column, emit_fields, emit_json, emit_table, json_option, moment
-from ._session import FleetOptions, open_fleet, pass_options
+from ._session import FleetOptions, open_fleet, open_records, pass_options
 
 if TYPE_CHECKING:
     from ..platform._runs_client import RunInfo, RunsClient
@@ -47,8 +47,8 @@ def _show(info: RunInfo, as_json: bool) -> None:
 @json_option
 @pass_options
 def list_runs(options: FleetOptions, status: str | None, as_json: bool) -> None:
-    """List runs in creation order."""
-    with open_fleet(options) as fleet:
+    """List runs in creation order (also of a stopped fleet)."""
+    with open_records(options) as fleet:
         found = fleet.runs.list_runs(None if status is None else status.upper())
     if as_json:
         emit_json(found)
@@ -62,8 +62,10 @@ def list_runs(options: FleetOptions, status: str | None, as_json: bool) -> None:
 @json_option
 @pass_options
 def show(options: FleetOptions, run_id: str, as_json: bool) -> None:
-    """Show one run."""
-    _act_and_show(options, run_id, as_json, lambda runs: None)
+    """Show one run (also of a stopped fleet)."""
+    with open_records(options) as fleet:
+        info = fleet.runs.get(run_id)
+    _show(info, as_json)
 
 
 @runs.command()

@@ -13,6 +13,7 @@ from ..errors import FleetNotFoundError
 
 if TYPE_CHECKING:
     from ..platform._fleet import Fleet
+    from ..platform._stored import StoredFleet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +57,30 @@ def open_fleet(options: FleetOptions, *, create: bool = False, hosts: int | None
         if not create:
             raise
         fleet = attach(create=True)
+    try:
+        yield fleet
+    finally:
+        fleet.shutdown(stop_actors=fleet.started_ray)
+
+
+@contextlib.contextmanager
+def open_records(options: FleetOptions) -> Iterator[Fleet | StoredFleet]:
+    """The fleet to read from: the running fleet when a cluster runs it, else its records on disk.
+
+    For the read-only commands (``status``, ``list``, ``export``, ``dead-letters list``,
+    ``runs list|show``, ``topology export``). When :func:`open_fleet` finds no running
+    fleet, the fleet's SQLite ledger and storage are read directly
+    (:class:`~rayfleet.platform._stored.StoredFleet`): read-only, creating nothing, no Ray.
+    A storage that holds no fleet still raises ``FleetNotFoundError``.
+    """
+    from ..platform._fleet import connect
+    from ..platform._stored import StoredFleet
+
+    try:
+        fleet: Fleet | StoredFleet = connect(address=options.address, storage=options.storage, ledger=options.ledger,
+                                             namespace=options.namespace, create=False)
+    except FleetNotFoundError:
+        fleet = StoredFleet.open(options.storage, options.ledger)
     try:
         yield fleet
     finally:

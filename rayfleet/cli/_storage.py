@@ -7,7 +7,7 @@ import dataclasses
 import click
 
 from ._output import counting, emit_fields, emit_json, emit_line, json_option, working
-from ._session import FleetOptions, open_fleet, pass_options
+from ._session import FleetOptions, open_fleet, open_records, pass_options
 
 
 @click.command()
@@ -15,8 +15,12 @@ from ._session import FleetOptions, open_fleet, pass_options
 @json_option
 @pass_options
 def export(options: FleetOptions, path: str, as_json: bool) -> None:
-    """Write the latest committed State of every identity as a Parquet dataset at PATH (folder or URI)."""
-    with open_fleet(options) as fleet, counting(f"exporting to {path}") as progress:
+    """Write the latest committed State of every identity as a Parquet dataset at PATH (folder or URI).
+
+    Works on a stopped embedded fleet too: with no cluster running it, the ledger file and
+    the storage are read directly.
+    """
+    with open_records(options) as fleet, counting(f"exporting to {path}") as progress:
         report = fleet.export(path, progress=progress)
     fields = dataclasses.asdict(report)
     if as_json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ._output import Column, emit_json, emit_table, json_option
-from ._session import FleetOptions, open_fleet, pass_options
+from ._session import FleetOptions, open_fleet, open_records, pass_options
 
 
 @click.group()
@@ -18,8 +18,8 @@ def topology() -> None:
               help="DOT (Graphviz), Mermaid or JSON.")
 @pass_options
 def export(options: FleetOptions, fmt: str) -> None:
-    """Print the live topology (edges, and which the platform manages)."""
-    with open_fleet(options) as fleet:
+    """Print the live topology (edges, and which the platform manages), also of a stopped fleet."""
+    with open_records(options) as fleet:
         text = fleet.topology.export(fmt)
     click.echo(text.rstrip("\n"))
 

@@ -20,8 +20,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
+
 from ..errors import InvalidSpecError
 from ..identity._values import DEFAULT_DEDUP_CAPACITY
+from ..ledger._values import StoredMessage
 
 DEDUP_SCOPE_SEPARATOR = "\x1f"
 SEQUENCE_MAP_SOFT_CAP = 16_384
@@ -203,6 +206,12 @@ class DeadLetter:
     error: str
     attempts: int
     at: float
+
+    @classmethod
+    def from_stored(cls, stored: StoredMessage) -> DeadLetter:
+        """The dead letter the ledger's row ``stored`` holds (its envelope unpickled)."""
+        return cls(id=stored.id, identity=stored.identity, envelope=cloudpickle.loads(stored.envelope),
+                   reason=DeadLetterReason(stored.reason), error=stored.error, attempts=stored.attempts, at=stored.at)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

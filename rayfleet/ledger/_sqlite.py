@@ -84,8 +84,14 @@ class SqliteDatabase:
     know) is refused rather than guessed at. Every open is a new incarnation: the
     process serving the file restarted, so the ledger applies lock-delay.
 
+    With ``read_only`` the file is opened for reading only, as it is: nothing is
+    created or migrated, and every write fails. That is how the read-only commands
+    look at a stopped fleet without touching it.
+
     Raises:
         LedgerSchemaError: the file's schema is newer than this rayfleet knows.
+        LedgerUnavailableError: the file cannot be opened (``read_only``: it does not
+            exist, or its schema is older than this rayfleet reads without migrating it).
         sqlite3.Error: the file cannot be opened as a database.
     """
 
@@ -94,9 +100,10 @@ class SqliteDatabase:
     clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     """The same clock as :meth:`now` (the operating system's), in SQLite's own date functions."""
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0, read_only: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._aside_lock = threading.Lock()
         self._aside: sqlite3.Connection | None = None
@@ -106,6 +113,13 @@ class SqliteDatabase:
         self._busy_timeout = busy_timeout
         self._incarnation = uuid.uuid4().hex
         try:
+            if read_only:
+                self._connection = sqlite3.connect(
+                    f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                    check_same_thread=False, timeout=busy_timeout,
+                )
+                self.read(self._require_current_schema)
+                return
             self._connection = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
@@ -114,6 +128,18 @@ class SqliteDatabase:
         except sqlite3.OperationalError as error:
             raise self._unavailable(error) from None
         self.write(self._migrate)
+
+    def _require_current_schema(self, tx: Transaction) -> None:
+        row = tx.execute("PRAGMA user_version").fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(MIGRATIONS):
+            raise LedgerSchemaError(location=self.describe(), found=version, known=len(MIGRATIONS))
+        if version < len(MIGRATIONS):
+            raise LedgerUnavailableError(
+                location=self.describe(),
+                detail=f"the file is at schema version {version}, older than this rayfleet's {len(MIGRATIONS)}, and "
+                       "is not changed by a read; start the fleet once (rf.connect() with this storage) to migrate it",
+            )
 
     def _migrate(self, tx: Transaction) -> None:
         row = tx.execute("PRAGMA user_version").fetchone()

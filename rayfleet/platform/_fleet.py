@@ -34,7 +34,7 @@ from ..errors import (
     UnknownDeadLetterError,
     UsageError,
 )
-from ..host._messages import DeadLetter, DeadLetterReason, Envelope, ParkedMessage
+from ..host._messages import DeadLetter, Envelope, ParkedMessage
 from ..host._runtime import DeactivationReport, DrainReport, HostStatistics
 from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
@@ -707,12 +707,8 @@ class Fleet:
 
     def dead_letters(self, identity: str | None = None, *, limit: int = 1000) -> list[DeadLetter]:
         """Messages that could not be handled, oldest first, optionally for one identity."""
-        stored = self._ledger.dead_letters(identity=identity, limit=limit).result()
-        return [
-            DeadLetter(id=item.id, identity=item.identity, envelope=cloudpickle.loads(item.envelope),
-                       reason=DeadLetterReason(item.reason), error=item.error, attempts=item.attempts, at=item.at)
-            for item in stored
-        ]
+        return [DeadLetter.from_stored(item)
+                for item in self._ledger.dead_letters(identity=identity, limit=limit).result()]
 
     def replay_dead_letter(self, letter_id: int, *, timeout: float | None = None) -> Any:
         """Send a dead letter's original message again and return the reply.

@@ -39,7 +39,34 @@ class RunInfo:
         )
 
 
-class RunsClient:
+class RunsView:
+    """The run registry as read: one run, or all of them. It only reads the ledger.
+
+    Args:
+        ledger: where runs are registered and journaled.
+    """
+
+    def __init__(self, ledger: LedgerClient) -> None:
+        self._ledger = ledger
+
+    def get(self, run_id: str) -> RunInfo:
+        """The run ``run_id``.
+
+        Raises:
+            UnknownRunError: no run has that id.
+        """
+        record = self._ledger.run(run_id).result()
+        if record is None:
+            raise UnknownRunError(run_id=run_id)
+        return RunInfo.from_record(record)
+
+    def list_runs(self, status: RunStatus | str | None = None) -> list[RunInfo]:
+        """Every run in creation order, or only those with ``status``."""
+        statuses = None if status is None else [RunStatus(status).value]
+        return [RunInfo.from_record(record) for record in self._ledger.list_runs(statuses=statuses).result()]
+
+
+class RunsClient(RunsView):
     """The run registry (``fleet.runs``): status, wait, cancel, pause and resume.
 
     Every method taking a ``run_id`` raises :class:`~rayfleet.UnknownRunError` when no run has it.
@@ -50,19 +77,8 @@ class RunsClient:
     """
 
     def __init__(self, ledger: LedgerClient, runner: RunnerClient) -> None:
-        self._ledger = ledger
+        super().__init__(ledger)
         self._runner = runner
-
-    def get(self, run_id: str) -> RunInfo:
-        record = self._ledger.run(run_id).result()
-        if record is None:
-            raise UnknownRunError(run_id=run_id)
-        return RunInfo.from_record(record)
-
-    def list_runs(self, status: RunStatus | str | None = None) -> list[RunInfo]:
-        """Every run in creation order, or only those with ``status``."""
-        statuses = None if status is None else [RunStatus(status).value]
-        return [RunInfo.from_record(record) for record in self._ledger.list_runs(statuses=statuses).result()]
 
     def wait(self, run_id: str, *, timeout: float | None = None, poll_interval: float = 0.1) -> WorkflowOutcome:
         """Block until the run ends and return its outcome.

@@ -59,7 +59,29 @@ class HostNotifier:
         return sorted(failures.values())
 
 
-class TopologyClient:
+class TopologyView:
+    """The live peer edges of one fleet as read: it only reads the ledger.
+
+    Args:
+        ledger: holds the desired and live edges.
+    """
+
+    def __init__(self, ledger: LedgerClient) -> None:
+        self._ledger = ledger
+
+    def edges(self) -> list[LiveEdge]:
+        """Live edges with whether the platform manages them, sorted."""
+        return [LiveEdge(a=row.a, b=row.b, managed=row.managed) for row in self._ledger.topology().result().live]
+
+    def export(self, fmt: str = "dot") -> str:
+        """The topology as ``dot``, ``mermaid`` or ``json`` text, with each identity's state."""
+        nodes = {view.identity: identity_status(view).state.value for view in self._ledger.list_identities().result()}
+        edges = self.edges()
+        return export_topology(nodes, [live.edge for live in edges],
+                               managed=[live.edge for live in edges if live.managed], fmt=fmt)
+
+
+class TopologyClient(TopologyView):
     """Desired and managed peer edges of one fleet (``fleet.topology``).
 
     Args:
@@ -68,7 +90,7 @@ class TopologyClient:
     """
 
     def __init__(self, ledger: LedgerClient, notifier: HostNotifier) -> None:
-        self._ledger = ledger
+        super().__init__(ledger)
         self._notifier = notifier
 
     def wire(self, a: str, b: str) -> ReconcileReport:
@@ -82,10 +104,6 @@ class TopologyClient:
         edge = Edge.of(validate_identity(a), validate_identity(b))
         self._ledger.set_desired_edge(a=edge.a, b=edge.b, desired=False).result()
         return self.reconcile()
-
-    def edges(self) -> list[LiveEdge]:
-        """Live edges with whether the platform manages them, sorted."""
-        return [LiveEdge(a=row.a, b=row.b, managed=row.managed) for row in self._ledger.topology().result().live]
 
     def reconcile(self) -> ReconcileReport:
         """Make the live edges match the desired ones; returns what changed.
@@ -111,10 +129,3 @@ class TopologyClient:
             )).result()
             failures = self._notifier.refresh_peers()
         return ReconcileReport.from_plan(plan, failures=failures)
-
-    def export(self, fmt: str = "dot") -> str:
-        """The topology as ``dot``, ``mermaid`` or ``json`` text, with each identity's state."""
-        nodes = {view.identity: identity_status(view).state.value for view in self._ledger.list_identities().result()}
-        edges = self.edges()
-        return export_topology(nodes, [live.edge for live in edges],
-                               managed=[live.edge for live in edges if live.managed], fmt=fmt)
