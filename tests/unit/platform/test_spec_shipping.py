@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 
 import rayfleet as rf
-from rayfleet.platform._fleet import pickle_spec
+from rayfleet.platform._shipping import pickle_spec
 from rayfleet.roster import load_roster
 
 AGENTS = '''
