@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -47,11 +48,10 @@ class HostPool:
     ) -> None:
         """``wanted`` hosts are named ``rayfleet-host-0..N-1``; ``None`` means one per CPU of the cluster."""
         self.namespace = namespace
-        self._storage = storage
-        self._ledger_url = ledger_url
-        self._lease_ttl = lease_ttl
-        self._idle_timeout = idle_timeout
-        self._inline_state_bytes = inline_state_bytes
+        self._launch = functools.partial(
+            launch_host, namespace=namespace, storage=storage, lease_ttl=lease_ttl, idle_timeout=idle_timeout,
+            ledger=ledger_url, inline_state_bytes=inline_state_bytes,
+        )
         self._wanted = wanted
         self._ledger = ledger
         self._courier = courier
@@ -157,9 +157,7 @@ class HostPool:
             ) from None
 
     def _start(self, name: str, node: str | None) -> ray.actor.ActorHandle:
-        return launch_host(name, namespace=self.namespace, storage=self._storage, lease_ttl=self._lease_ttl,
-                           idle_timeout=self._idle_timeout, ledger=self._ledger_url, node=node,
-                           inline_state_bytes=self._inline_state_bytes)
+        return self._launch(name, node=node)
 
     def _nodes_of(self, names: list[str]) -> dict[str, str | None]:
         """The node each named host actor runs on; ``None`` for one that does not answer in time."""
