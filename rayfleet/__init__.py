@@ -7,6 +7,7 @@ Arrow-backed checkpoints. Start with :func:`connect`.
 
 from __future__ import annotations
 
+from . import _version
 from .checkpoints._export import ExportReport as ExportReport
 from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
@@ -101,7 +102,7 @@ from .workflow._definition import StepHandle as StepHandle
 from .workflow._definition import Workflow as Workflow
 from .workflow._definition import WorkflowOutcome as WorkflowOutcome
 
-__version__ = "0.1.0"
+__version__ = _version.VERSION
 
 __all__ = [
     # Entry point and driver API

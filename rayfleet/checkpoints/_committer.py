@@ -22,7 +22,7 @@ import pyarrow as pa
 import pydantic
 
 from ..errors import LedgerUnavailableError, RayfleetError
-from ..identity._values import SnapshotPointer
+from ..identity._values import DEFAULT_DEDUP_CAPACITY, SnapshotPointer
 from ..ledger._contract import LedgerClient
 from ..ledger._values import CheckpointCommit, StepEntry, StepJournaled
 from ._store import SnapshotRow, SnapshotStore
@@ -52,7 +52,7 @@ class Checkpoint:
     state: pydantic.BaseModel
     extra: bytes = b""
     dedup: tuple[tuple[str, bytes], ...] = ()
-    dedup_capacity: int = 10_000
+    dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     step: StepEntry | None = None
     """A workflow step's output to journal in the same ledger transaction (see ``CheckpointCommit.step``)."""
 
@@ -162,7 +162,7 @@ class GroupCommitter:
 
     async def commit(
         self, *, identity: str, fencing_token: int, version: int, state: pydantic.BaseModel, extra: bytes = b"",
-        dedup: tuple[tuple[str, bytes], ...] = (), dedup_capacity: int = 10_000,
+        dedup: tuple[tuple[str, bytes], ...] = (), dedup_capacity: int = DEFAULT_DEDUP_CAPACITY,
     ) -> SnapshotPointer:
         """Queue one :class:`Checkpoint` and wait until it is committed (or refused); raises as the class says."""
         (outcome,) = await self.commit_many([Checkpoint(

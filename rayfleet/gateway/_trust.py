@@ -9,13 +9,12 @@ not choose; the check runs before anything is imported.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..identity._agent import Agent, AgentSpec
+from ..identity._agent import Agent, AgentSpec, resolve_object_path
 from ..roster._roster import RosterFile
 from ..workflow._definition import Workflow
 from ._problems import HttpProblem
@@ -115,16 +114,18 @@ def workflow_from_path(path: str, params: Mapping[str, Any], *, policy: ModulePo
             f"Ask the operator to add {module_name!r} (or its package) to {ALLOWED_MODULES_ENV}",
             field="workflow",
         )
+    # A private name is as absent to a client as a missing one; a malformed one names nothing.
+    no_such = HttpProblem(400, "ValidationError", f"module {module_name!r} has no public {attribute!r}",
+                          field="workflow")
+    if any(part.startswith("_") for part in attribute.split(".")):
+        raise no_such
     try:
-        target: Any = importlib.import_module(module_name)
+        target = resolve_object_path(path)
     except ImportError as error:
         raise HttpProblem(400, "ValidationError", f"cannot import module {module_name!r} for workflow {path!r}: "
                           f"{error}", field="workflow") from None
-    for part in attribute.split("."):
-        if part.startswith("_") or not hasattr(target, part):
-            raise HttpProblem(400, "ValidationError", f"module {module_name!r} has no public {attribute!r}",
-                              field="workflow")
-        target = getattr(target, part)
+    except (AttributeError, ValueError):
+        raise no_such from None
     if isinstance(target, Workflow):
         if params:
             raise HttpProblem(400, "ValidationError", f"{path!r} is a workflow, not a function: it takes no params",

@@ -114,6 +114,7 @@ from ..errors import (
 )
 from ..identity._agent import AgentSpec
 from ..identity._values import (
+    DEFAULT_IDLE_TIMEOUT,
     PERSISTED_BROKEN,
     PERSISTED_LIVE,
     PERSISTED_RETIRED,
@@ -128,8 +129,7 @@ from ..identity._values import (
     lease_is_healthy,
 )
 from ..ledger._contract import LedgerClient
-from ..ledger._ledger import Activation, IdentityView
-from ..ledger._values import StepJournaled
+from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled
 from ..retry import RetryPolicy
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
@@ -161,18 +161,18 @@ HOUSEKEEPING_TICK = 0.05
 HOUSEKEEPING_SHARE = 0.1
 """The most of the event loop's time scans of every hosted agent may take: a scan that took
 ``d`` seconds is followed by the next no sooner than ``d / HOUSEKEEPING_SHARE`` later, unless a
-lease expires sooner. A scan of 30,000 agents takes 20 ms in a quiet process (more in a busy
-host): every 50 ms it took 40% and more of the loop, and the thread committing the host's
-lease renewals got the GIL so rarely that a renewal took seconds (9.4 s once, and every
-lease of the host lapsed)."""
+lease expires sooner. A scan's cost grows with the agents hosted (benchmark B4, density,
+hosts tens of thousands per host): scanning at every tick took a large share of a busy
+host's loop, and the thread committing the host's lease renewals got the GIL so rarely
+that a renewal took seconds and every lease of the host could lapse."""
 
 
 RENEWAL_CHUNK = 5_000
 """Leases renewed per ledger call (and transaction).
 
-One transaction renewing the 50,000 leases of a busy host took up to 6.7 s in B4 (0.1 to
-0.3 s in a quiet process), holding a SQLite file's write lock all along, and the other
-host's renewal gave up behind it after SQLite's 5 s busy timeout. In chunks, other
+One transaction renewing every lease of a busy host (tens of thousands in benchmark B4)
+can take seconds, holding a SQLite file's write lock all along, so that another host's
+renewal gives up behind it after SQLite's busy timeout. In chunks, other
 writers get the lock between them, and the first chunks' leases are renewed without
 waiting for the last."""
 
@@ -365,8 +365,8 @@ class HostRuntime:
         ledger: LedgerClient,
         snapshots: SnapshotStore,
         router: Router | None = None,
-        lease_ttl: float = 10.0,
-        idle_timeout: float = 300.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         incarnation: str | None = None,
@@ -761,7 +761,7 @@ class HostRuntime:
                 await asyncio.sleep(0)
                 # At most ACQUIRE_BATCH identities per ledger call: one transaction of thousands
                 # holds a SQLite file's write lock long enough to starve the lease renewals of
-                # every host writing it (B4 lost 60,000 leases so once batched asks arrived).
+                # every host writing it (benchmark B4's many activations at once show it).
                 names = list(itertools.islice(self._acquire_queue, ACQUIRE_BATCH))
                 queue = {identity: self._acquire_queue.pop(identity) for identity in names}
                 try:
@@ -1267,7 +1267,7 @@ class HostRuntime:
         """Drop agents whose lease expired by this host's clock; checkpoint due ``PERIODIC`` agents; retire idle ones.
 
         Every agent is looked at in one scan, whose cost grows with the agents hosted
-        (20 ms for 30,000 in a quiet process): scans come every
+        (benchmark B4 hosts tens of thousands): scans come every
         :data:`HOUSEKEEPING_TICK` only while they are cheap, and otherwise no more often
         than keeps them to :data:`HOUSEKEEPING_SHARE` of the event loop's time, so that
         turns, and the thread committing lease renewals, are not starved. Expiry stays

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import math
+import pkgutil
 import sys
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -136,6 +136,25 @@ def agent_class_path(agent_class: type[Agent]) -> str:
     return sys.intern(f"{agent_class.__module__}:{agent_class.__qualname__}")
 
 
+def resolve_object_path(path: str) -> Any:
+    """The object a ``"package.module:attribute"`` path names (``attribute`` may be dotted), imported now.
+
+    One rule for every such path rayfleet reads (agent classes, workflows of jobs and of
+    the gateway): :func:`pkgutil.resolve_name`, with the colon required, so a bare module
+    path is refused rather than taken for the module. Callers turn each failure into
+    their own error, which says what to fix.
+
+    Raises:
+        ValueError: ``path`` is not of that form.
+        ImportError: the module cannot be imported.
+        AttributeError: the module has no such attribute.
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{path!r} is not a 'package.module:attribute' path")
+    return pkgutil.resolve_name(path)
+
+
 def resolve_agent_class(agent: object) -> type[Agent]:
     """Turn an agent class or a ``"pkg.module:Class"`` path into a checked agent class.
 
@@ -145,25 +164,22 @@ def resolve_agent_class(agent: object) -> type[Agent]:
     """
     if isinstance(agent, str):
         module_name, _, attribute = agent.partition(":")
-        if not module_name or not attribute:
+        try:
+            agent = resolve_object_path(agent)
+        except ValueError:
             raise InvalidSpecError(
                 f"agent class path {agent!r} must look like 'package.module:ClassName'", field="agent"
-            )
-        try:
-            target: Any = importlib.import_module(module_name)
+            ) from None
         except ImportError as error:
             raise InvalidSpecError(
                 f"cannot import module {module_name!r} for agent class {agent!r}: {error}. "
                 f"Install the package or fix the path",
                 field="agent",
             ) from error
-        for part in attribute.split("."):
-            if not hasattr(target, part):
-                raise InvalidSpecError(
-                    f"module {module_name!r} has no {attribute!r} (agent class {agent!r})", field="agent"
-                )
-            target = getattr(target, part)
-        agent = target
+        except AttributeError:
+            raise InvalidSpecError(
+                f"module {module_name!r} has no {attribute!r} (agent class {agent!r})", field="agent"
+            ) from None
     if not (isinstance(agent, type) and issubclass(agent, Agent)) or agent is Agent:
         raise InvalidSpecError(
             f"{agent!r} is not an agent class: subclass rf.Agent and give it @rf.handler methods",

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 DEFAULT_DEDUP_CAPACITY = 10_000
 """Idempotency keys each agent remembers (FIFO) unless its spec says otherwise."""
+DEFAULT_IDLE_TIMEOUT = 300.0
+"""Seconds without a turn before an agent is checkpointed and deactivated, unless the fleet configures otherwise."""
 
 
 class LifecycleState(str, enum.Enum):

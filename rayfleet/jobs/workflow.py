@@ -16,7 +16,6 @@ lease to lapse (one TTL, 10 s by default).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import signal
 import sys
 import time
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 import click
 
 from ..errors import RunOwnedElsewhereError, UnknownRunError
+from ..identity._agent import resolve_object_path
 from ..platform._fleet import Fleet
 from ..platform._runner import UNFINISHED, runner_holder_prefix
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
@@ -76,20 +76,18 @@ def load_workflow(path: str) -> Workflow:
         click.BadParameter: the path is malformed, does not import, or names something else.
     """
     module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"{path!r} must look like 'package.module:attribute'", param_hint="WORKFLOW")
     try:
-        target: object = importlib.import_module(module_name)
+        target = resolve_object_path(path)
+    except ValueError:
+        raise click.BadParameter(f"{path!r} must look like 'package.module:attribute'", param_hint="WORKFLOW") from None
     except ImportError as error:
         raise click.BadParameter(
             f"cannot import module {module_name!r} ({error}). Submit the job with --working-dir holding it "
             f"(the job runs from there), or install it on the cluster",
             param_hint="WORKFLOW",
         ) from None
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise click.BadParameter(f"module {module_name!r} has no {attribute!r}", param_hint="WORKFLOW")
-        target = getattr(target, part)
+    except AttributeError:
+        raise click.BadParameter(f"module {module_name!r} has no {attribute!r}", param_hint="WORKFLOW") from None
     if not isinstance(target, Workflow) and callable(target):
         target = target()
     if not isinstance(target, Workflow):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import InvalidSpecError, RayfleetError
+from ..errors import InternalError, InvalidSpecError, RayfleetError
 from ..identity._values import (
     PERSISTED_LIVE,
     ContinuityRecord,
@@ -351,9 +351,9 @@ class Ledger:
         when the store is unavailable.
         """
         if self._awaited is None or not self._one_statement(commits):
-            raise InvalidSpecError(
-                "commit_checkpoints_awaited takes one checkpoint with at most one key on a store with awaited "
-                "writes; check commits_awaited() first and use commit_checkpoints otherwise", field="commits",
+            raise InternalError(
+                detail="commit_checkpoints_awaited takes one checkpoint with at most one key on a store with awaited "
+                       "writes; check commits_awaited() first and use commit_checkpoints otherwise",
             )
         (item,) = commits
         sql, parameters = _checkpoints.alone(item, self._stamp())

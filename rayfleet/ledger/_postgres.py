@@ -157,7 +157,7 @@ class _Transaction:
 
         Sent on its own it costs less than in a pipeline with the ``COMMIT``: psycopg's
         pipeline mode took 0.08-0.1 ms more per use than a loopback round trip
-        (``benchmarks.pg_commit``'s notes in the README).
+        (``python -m benchmarks.pg_commit``).
         """
         return len(self._queued) == 1 and not self._queued[0][3]
 

@@ -5,19 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
-import logging
 import os
-import pickle
-import socket
-import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import cloudpickle
 import ray
@@ -27,8 +20,6 @@ from ..checkpoints._export import ExportReport, export_fleet
 from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
-    FleetNotFoundError,
-    FleetUnavailableError,
     InvalidSpecError,
     RayfleetError,
     UnknownDeadLetterError,
@@ -39,6 +30,8 @@ from ..host._runtime import DeactivationReport, DrainReport, HostStatistics
 from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
 from ..identity._values import (
+    DEFAULT_DEDUP_CAPACITY,
+    DEFAULT_IDLE_TIMEOUT,
     Addressability,
     Durability,
     EventKind,
@@ -49,25 +42,18 @@ from ..identity._values import (
 )
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
-from ..ledger._values import HostInfo, SpecRecord
+from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo
 from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..workflow._definition import Workflow, WorkflowOutcome
+from ._attach import join_ray
 from ._binding import require_fleet_marker
-from ._host_actor import NODE_ANSWER_TIMEOUT, launch_host
+from ._host_pool import HostPool
 from ._ledger_actor import LEDGER_ACTOR_NAME
 from ._ledger_client import attach_ledger, start_ledger
-from ._placement import (
-    HOST_NAME_PREFIX,
-    assign_nodes,
-    free_host_name,
-    host_actor_names,
-    live_nodes,
-    nodes_without_hosts,
-)
 from ._ref import AgentRef, send
-from ._routing import Courier, HostDirectory, HostRequest, _HostGone
+from ._routing import Courier, HostDirectory, HostRequest
 from ._runner import (
     RUNNER_ACTOR_NAME,
     RunnerClient,
@@ -77,17 +63,19 @@ from ._runner import (
     runner_holder_prefix,
 )
 from ._runs_client import RunsClient
+from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
-
-log = logging.getLogger("rayfleet.fleet")
 
 DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
 SPAWN_BATCH = 5_000
+"""Specs per ledger transaction in ``spawn_many``."""
 REPLAY_LETTER_SCAN = 1_000_000
 """Dead letters of one identity read to find a replay's new letter (replays are rare, operator-driven)."""
-"""Specs per ledger transaction in ``spawn_many``."""
+
+_rebuild_spec = rebuild_spec
+"""Specs a ledger stored before class shipping had its own room name this function by its old home, here."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,9 +100,9 @@ class FleetConfig:
     hosts: int | None = None
     """Number of host actors; ``None`` means one per CPU of the cluster (at least 1). Either way
     every eligible node gets at least one (see ``_placement``), at connect and when it joins."""
-    lease_ttl: float = 10.0
+    lease_ttl: float = DEFAULT_LEASE_TTL
     """Seconds a lease lasts; hosts renew every TTL/3."""
-    idle_timeout: float = 300.0
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     """Seconds without a turn before an agent is checkpointed and deactivated."""
     inline_state_bytes: int = INLINE_STATE_BYTES
     """States whose Arrow encoding is at most this many bytes are checkpointed inside the
@@ -159,8 +147,8 @@ def connect(
     *,
     namespace: str = DEFAULT_NAMESPACE,
     hosts: int | None = None,
-    lease_ttl: float = 10.0,
-    idle_timeout: float = 300.0,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ledger: str | None = None,
     ledger_path: str | None = None,
     ledger_node: str | None = None,
@@ -234,23 +222,7 @@ class Fleet:
             # Before Ray: a wrong or empty storage folder is refused at once, and is left as it was.
             require_fleet_marker(self.storage)
         if not ray.is_initialized():
-            address = config.address if create else _attach_address(config.address)
-            if address:
-                _require_listener(address)
-            try:
-                ray.init(address=address, namespace=config.namespace, log_to_driver=True,
-                         include_dashboard=None if address else False)
-            except ConnectionError as error:
-                # Ray reports a missing auth token only in its own log lines, as a failed connection.
-                hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
-                    " (a cluster with Ray's token authentication, which `ray start` enables, also needs "
-                    "RAY_AUTH_MODE=token on this client)")
-                raise FleetUnavailableError(detail=f"cannot connect to Ray at {address!r}: {error}{hint}") from error
-            # Recorded from what ray.init did, never inferred from the address: with no
-            # address ray.init still attaches to a cluster it discovers (RAY_ADDRESS, or
-            # the address file a `ray start` on this machine wrote), and that cluster's
-            # fleet must outlive this driver.
-            self._started_ray = _started_local_ray()
+            self._started_ray = join_ray(config.address, namespace=config.namespace, create=create)
         self._snapshots: SnapshotStore | None = None
         self._journal_files: JournalFileStore | None = None
         if "://" in self.storage:
@@ -270,8 +242,14 @@ class Fleet:
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
+        self._hosts = HostPool(
+            namespace=config.namespace, storage=self.storage, ledger_url=self.ledger_location.url,
+            lease_ttl=config.lease_ttl, idle_timeout=config.idle_timeout,
+            inline_state_bytes=config.inline_state_bytes, wanted=config.hosts, ledger=self._ledger,
+            courier=self._courier,
+        )
         if create:
-            self._ensure_hosts()
+            self._hosts.ensure()
         else:
             self._courier.refresh_sync()  # the hosts that run now, none started
 
@@ -282,53 +260,6 @@ class Fleet:
 
     # -- hosts ----------------------------------------------------------------------
 
-    def _ensure_hosts(self) -> None:
-        """Start the hosts ``rayfleet-host-0..N-1`` that do not exist, then one on every node with none.
-
-        Existing host actors are reused where they run (the ledger may also list hosts of
-        an earlier Ray session that are gone: they are started again). New ones go to the
-        least-used eligible node (see ``_placement``).
-        """
-        wanted = self.config.hosts or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        names = [f"{HOST_NAME_PREFIX}{index}" for index in range(wanted)]
-        existing = set(host_actor_names(self.config.namespace))
-        nodes = live_nodes()
-        placed = self._host_nodes(sorted(existing))
-        placement = assign_nodes([name for name in names if name not in existing], nodes, placed)
-        placed.update(placement)
-        taken = existing | set(names)
-        for node in nodes_without_hosts(nodes, placed):
-            name = free_host_name(taken)
-            taken.add(name)
-            names.append(name)
-            placement[name] = node
-        handles = [self._start_host(name, placement.get(name)) for name in names]
-        ray.get([handle.start.remote() for handle in handles])
-        self._courier.refresh_sync()
-
-    def _start_host(self, name: str, node: str | None) -> ray.actor.ActorHandle:
-        return launch_host(name, namespace=self.config.namespace, storage=self.storage,
-                           lease_ttl=self.config.lease_ttl, idle_timeout=self.config.idle_timeout,
-                           ledger=self.ledger_location.url, node=node,
-                           inline_state_bytes=self.config.inline_state_bytes)
-
-    def _host_nodes(self, names: list[str]) -> dict[str, str | None]:
-        """The node each named host actor runs on; ``None`` for one that does not answer in time."""
-        asked: dict[str, ray.ObjectRef[str]] = {}
-        for name in names:
-            with contextlib.suppress(ValueError):  # gone since it was listed
-                asked[name] = ray.get_actor(name, namespace=self.config.namespace).node_id.remote()
-        nodes: dict[str, str | None] = dict.fromkeys(names)
-        if not asked:
-            return nodes
-        ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=NODE_ANSWER_TIMEOUT)
-        answered = set(ready)
-        for name, ref in asked.items():
-            if ref in answered:
-                with contextlib.suppress(ray.exceptions.RayError):
-                    nodes[name] = ray.get(ref)
-        return nodes
-
     def add_host(self, *, node: str | None = None) -> str:
         """Start the host with the lowest name the ledger does not list, and return that name.
 
@@ -338,17 +269,11 @@ class Fleet:
         but is not registered (Ray restarted it and it has not started yet) is started
         where it runs instead.
         """
-        name = free_host_name({host.name for host in self._ledger.hosts().result()})
-        if node is None:
-            placed = self._host_nodes(host_actor_names(self.config.namespace))
-            node = assign_nodes([name], live_nodes(), placed).get(name)
-        ray.get(self._start_host(name, node).start.remote())
-        self._courier.refresh_sync()
-        return name
+        return self._hosts.add(node=node)
 
     def host_nodes(self) -> dict[str, str | None]:
         """The Ray node id each of this fleet's host actors runs on (``None``: it did not answer in time)."""
-        return self._host_nodes(host_actor_names(self.config.namespace))
+        return self._hosts.nodes()
 
     def hosts(self) -> list[HostInfo]:
         """The registered hosts (name, lease holder id, start time, draining)."""
@@ -356,9 +281,7 @@ class Fleet:
 
     def host_statistics(self) -> list[HostStatistics]:
         """Counters of every live host."""
-        self._courier.refresh_sync()
-        handles = [self._courier.directory.handle(name) for name in self._courier.directory.names]
-        return list(ray.get([handle.statistics.remote() for handle in handles]))
+        return self._hosts.statistics()
 
     def drain(
         self, host: str, *, timeout: float = 25.0, progress: Callable[[int, int], None] | None = None,
@@ -375,10 +298,7 @@ class Fleet:
         Raises:
             FleetUnavailableError: no host actor of that name runs.
         """
-        handle = self._host_handle(host)
-        [report] = self._await_hosts(lambda host: host.drain.remote(timeout), [handle], progress=progress)
-        self._courier.refresh_sync()
-        return cast(DrainReport, report)
+        return self._hosts.drain(host, timeout=timeout, progress=progress)
 
     def deactivate_all(
         self, *, timeout: float = 300.0, progress: Callable[[int, int], None] | None = None,
@@ -393,85 +313,15 @@ class Fleet:
         Raises:
             FleetUnavailableError: Ray cannot be reached.
         """
-        return self._deactivate_on(self._live_host_handles(), lambda host: host.deactivate_all.remote(),
-                                   progress=progress, timeout=timeout)
-
-    def _deactivate_on(
-        self, handles: list[ray.actor.ActorHandle], request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]],
-        *, progress: Callable[[int, int], None] | None, timeout: float,
-    ) -> DeactivationReport:
-        """Send ``request`` (answered with how many agents a host deactivated) to ``handles``; the report."""
-        started = time.monotonic()
-        done = self._await_hosts(request, handles, progress=progress, timeout=timeout)
-        return DeactivationReport(hosts=len(handles), deactivated=sum(d for d in done if isinstance(d, int)),
-                                  remaining=self._active_agents(handles), seconds=round(time.monotonic() - started, 3))
-
-    def _live_host_handles(self) -> list[ray.actor.ActorHandle]:
-        directory = self._courier.directory
-        self._courier.refresh_sync()
-        handles = []
-        for name in directory.names:
-            if name not in directory.dead:
-                with contextlib.suppress(_HostGone):  # died without deregistering: nothing to stop
-                    handles.append(directory.handle(name))
-        return handles
-
-    def _active_agents(self, handles: list[ray.actor.ActorHandle]) -> int:
-        """Active agents on these hosts; a host that does not answer in time counts 0."""
-        total = 0
-        for ref in [handle.statistics.remote() for handle in handles]:
-            with contextlib.suppress(Exception):  # a dead or busy host has nothing to report now
-                total += ray.get(ref, timeout=PROGRESS_INTERVAL * 5).active_agents
-        return total
-
-    def _await_hosts(
-        self, request: Callable[[ray.actor.ActorHandle], ray.ObjectRef[Any]], handles: list[ray.actor.ActorHandle],
-        *, progress: Callable[[int, int], None] | None, timeout: float | None = None,
-    ) -> list[Any]:
-        """Send ``request`` to every host and wait, telling ``progress(done, total)`` from their active agents.
-
-        Returns each request's reply (a host that died or raised gives its exception
-        instead); after ``timeout`` seconds, the requests still running give ``None``.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        total = self._active_agents(handles) if progress is not None else 0
-        pending = [request(handle) for handle in handles]
-        waiting = list(pending)
-        while waiting:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                log.warning("gave up waiting for %d hosts after %.0f s", len(waiting), timeout)
-                break
-            _, waiting = ray.wait(waiting, num_returns=len(waiting),
-                                  timeout=PROGRESS_INTERVAL if left is None else min(PROGRESS_INTERVAL, left))
-            if progress is not None:
-                active = self._active_agents(handles) if waiting else 0
-                progress(max(total - active, 0), total)
-        replies: list[Any] = []
-        for ref in pending:
-            if ref in waiting:
-                replies.append(None)
-                continue
-            try:
-                replies.append(ray.get(ref))
-            except Exception as error:  # noqa: BLE001 - reported per host, the others' replies still count
-                log.warning("a host failed: %s", error)
-                replies.append(error)
-        return replies
+        return self._hosts.deactivate_all(timeout=timeout, progress=progress)
 
     def undrain(self, host: str) -> None:
-        """Let a drained ``host`` take new work again."""
-        ray.get(self._host_handle(host).undrain.remote())
-        self._courier.refresh_sync()
+        """Let a drained ``host`` take new work again.
 
-    def _host_handle(self, host: str) -> ray.actor.ActorHandle:
-        try:
-            return self._courier.directory.handle(host)
-        except _HostGone:
-            raise FleetUnavailableError(
-                detail=f"no host actor {host!r} runs in namespace {self.config.namespace!r} (fleet.hosts() lists the "
-                       f"registered hosts)"
-            ) from None
+        Raises:
+            FleetUnavailableError: no host actor of that name runs.
+        """
+        self._hosts.undrain(host)
 
     # -- agents ---------------------------------------------------------------------
 
@@ -489,7 +339,7 @@ class Fleet:
         display_name: str = "",
         context: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
-        dedup_capacity: int = 10_000,
+        dedup_capacity: int = DEFAULT_DEDUP_CAPACITY,
         eager: bool = False,
     ) -> AgentRef:
         """Create an agent (idempotent) and return a ref to it.
@@ -932,17 +782,7 @@ class Fleet:
         stop = self._started_ray if stop_actors is None else stop_actors
         report = None
         if stop:
-            handles = self._live_host_handles()
-            report = self._deactivate_on(handles, lambda host: host.shutdown.remote(), progress=progress,
-                                         timeout=timeout)
-            for handle in handles:
-                ray.kill(handle)
-            # Host actors the ledger no longer lists (restarted and not started yet, or started
-            # by the node watch moments ago) are the fleet's too.
-            with contextlib.suppress(Exception):
-                for name in host_actor_names(self.config.namespace):
-                    with contextlib.suppress(ValueError):
-                        ray.kill(ray.get_actor(name, namespace=self.config.namespace))
+            report = self._hosts.stop(timeout=timeout, progress=progress)
             self._runner.stop()
             if not self.ledger_location.networked:
                 # The SQLite ledger's actor, whether this driver called it or wrote the file itself.
@@ -959,228 +799,6 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-
-PROGRESS_INTERVAL = 1.0
-"""Seconds between progress reports of bulk operations on hosts (deactivate_all, drain, shutdown)."""
-RAY_PROBE_TIMEOUT = 5.0
-"""Seconds to wait for a TCP connection to a Ray address before ``ray.init`` is even tried."""
-
-
-def _require_listener(address: str) -> None:
-    """Fail fast when nothing listens at a ``host:port`` (or ``ray://host:port``) Ray address.
-
-    ``ray.init`` retries an address where nothing listens for many minutes; one TCP
-    connection tells at once. Addresses in another form (``auto``, ``local``) are left
-    to Ray.
-
-    Raises:
-        FleetUnavailableError: the connection was refused or timed out.
-    """
-    parts = urlsplit("//" + address.removeprefix("ray://"))
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:  # a port that is not a number: Ray's own message says more
-        return
-    if not host or port is None:
-        return
-    try:
-        with socket.create_connection((host, port), timeout=RAY_PROBE_TIMEOUT):
-            pass
-    except OSError as error:
-        raise FleetUnavailableError(
-            detail=f"nothing answers at the Ray address {address!r} ({error}); start the cluster "
-                   f"(`ray start --head --port {port}`) or give the right address (connect(address=...), RAY_ADDRESS "
-                   f"or rayfleet --address)"
-        ) from None
-
-
-def _attach_address(address: str | None) -> str:
-    """The Ray address to attach to without starting a local Ray.
-
-    Raises:
-        FleetNotFoundError: no address was given and ``ray.init()`` would find no cluster.
-    """
-    if address:
-        return address
-    # ``address="auto"`` is not used: it also joins any Ray whose processes it sees on
-    # this machine, possibly someone else's. ``ray.init()`` itself reads RAY_ADDRESS, then
-    # the address file ``ray start`` writes; Ray offers no public call for that lookup,
-    # so without it only RAY_ADDRESS counts.
-    try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        lookup: Any = canonicalize_bootstrap_address  # annotated as taking str; None means "as ray.init() would"
-        found = lookup(None)
-    except (ImportError, AttributeError, TypeError):
-        found = os.environ.get("RAY_ADDRESS") or None
-    if not found:
-        raise FleetNotFoundError(
-            missing="no running Ray cluster was found (RAY_ADDRESS is not set and no `ray start` cluster was found "
-                    "on this machine)",
-            remedy="start the fleet's cluster (`ray start --head --port <port>`) or give its address "
-                   "(connect(address=...), RAY_ADDRESS or rayfleet --address)",
-        )
-    return str(found)
-
-
-def _started_local_ray() -> bool:
-    """Whether the ``ray.init`` this process just made started a new local Ray (a head node).
-
-    Attaching to an existing cluster makes a connect-only, non-head node. Ray has no
-    public flag for this; if its internals change, the answer is ``False``, so a fleet
-    is never stopped by a driver that cannot tell it started the Ray under it.
-    """
-    node = getattr(ray._private.worker, "_global_node", None)
-    return bool(getattr(node, "head", False))
-
-
-def spec_record(spec: AgentSpec) -> SpecRecord:
-    """The ledger's record of a spec (the spec itself travels pickled)."""
-    return SpecRecord(
-        identity=spec.identity, spec=pickle_spec(spec), fingerprint=spec.fingerprint(),
-        agent_class=spec.agent_class_path, labels=dict(spec.labels), addressability=spec.addressability.value,
-        peers=tuple(spec.peers),
-    )
-
-
-def pickle_spec(spec: AgentSpec) -> bytes:
-    """Pickle a spec so any host can rebuild it, whoever started the host and wherever.
-
-    Agent classes from the user's own files (not an installed package) are pickled by
-    value, whether the spec names the class itself or a ``"module:Class"`` path (a
-    roster's module beside the roster file, a script's folder added to ``sys.path``):
-    hosts are detached actors started by whichever driver came first, with that
-    driver's ``sys.path`` and working directory, so they cannot import a module only
-    this driver sees. The bytes go into the ledger with the spec, so a host Ray
-    restarts later rebuilds the class from there too. Classes of installed packages
-    are pickled by reference, as Ray users would expect: install them on every node.
-
-    The class is pickled once per process and its bytes reused for every spec that
-    names it, so creating many agents of one class costs little per agent.
-
-    Raises:
-        InvalidSpecError: the agent class must travel by value and cannot be pickled.
-    """
-    agent = spec.agent
-    if isinstance(agent, str):
-        resolved = spec.agent_class  # the driver imported it when the spec was built
-        if not _ships_by_value(resolved):
-            pickled: bytes = cloudpickle.dumps(spec)
-            return pickled
-        agent = resolved
-    fields = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec) if field.name != "agent"}
-    package = _SpecPackage(fields, _class_bytes(agent))
-    try:
-        return pickle.dumps(package, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        pickled = cloudpickle.dumps(package)  # e.g. a lambda in the spec's context
-        return pickled
-
-
-_CLASS_BYTES: dict[type[Agent], bytes] = {}
-
-
-def _class_bytes(agent: type[Agent]) -> bytes:
-    cached = _CLASS_BYTES.get(agent)
-    if cached is None:
-        if _ships_by_value(agent):
-            for module in _modules_shipped_with(agent):
-                cloudpickle.register_pickle_by_value(module)
-        try:
-            cached = cloudpickle.dumps(agent)
-        except Exception as error:  # cloudpickle raises many types for unpicklable module state
-            raise InvalidSpecError(
-                f"agent class {agent.__module__}:{agent.__qualname__} is not installed on the cluster, so it "
-                f"travels to the hosts by value, but it cannot be pickled ({type(error).__name__}: {error}). "
-                f"Keep unpicklable objects (locks, connections, clients) out of its module's globals and create "
-                f"them in on_activate, or install its package on every node",
-                field="agent",
-            ) from error
-        _CLASS_BYTES[agent] = cached
-    return cached
-
-
-def _ships_by_value(agent: type[Agent]) -> bool:
-    """Whether hosts may lack ``agent``'s module: it comes from a file that no installed package holds."""
-    location = getattr(sys.modules.get(agent.__module__), "__file__", None)
-    return bool(location) and not _is_installed(str(location))
-
-
-def _modules_shipped_with(agent: type[Agent]) -> list[Any]:
-    """``agent``'s module and every loaded module importable from the same ``sys.path`` folder.
-
-    A module beside a roster, or in a folder only this driver has on its path, often
-    imports helpers from next to it; those travel by value as well, or the host would
-    fail to import them while rebuilding the class. Modules imported later, from
-    inside a handler, are not known here and must be installed on the nodes.
-    """
-    module = sys.modules[agent.__module__]
-    root = _import_root(module)
-    shipped = [module]
-    if root is None:
-        return shipped
-    for name, other in list(sys.modules.items()):
-        location = getattr(other, "__file__", None)
-        if other is module or not location or name == "__main__" or _is_installed(str(location)):
-            continue
-        if _import_root(other) == root:
-            shipped.append(other)
-    return shipped
-
-
-def _import_root(module: Any) -> Path | None:
-    """The folder on ``sys.path`` a module was imported from (``a.b`` in ``/x/a/b.py`` -> ``/x``)."""
-    location = getattr(module, "__file__", None)
-    name = getattr(module, "__name__", "")
-    if name == "__main__":
-        # `python -m pkg.tool` runs pkg/tool.py as __main__ from the folder above pkg/.
-        spec = getattr(module, "__spec__", None)
-        name = spec.name if spec is not None and spec.name else ""
-    if not location:
-        return None
-    path = Path(location).resolve()
-    depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
-    if depth >= len(path.parents):
-        return None
-    return path.parents[depth]
-
-
-class _SpecPackage:
-    """A spec in transit: its fields, and its agent class as bytes pickled once per class."""
-
-    __slots__ = ("class_bytes", "fields")
-
-    def __init__(self, fields: dict[str, Any], class_bytes: bytes) -> None:
-        self.fields = fields
-        self.class_bytes = class_bytes
-
-    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], bytes]]:
-        return (_rebuild_spec, (self.fields, self.class_bytes))
-
-
-def _rebuild_spec(fields: dict[str, Any], class_bytes: bytes) -> AgentSpec:
-    return AgentSpec(agent=_agent_class(class_bytes), **fields)
-
-
-@functools.lru_cache(maxsize=256)
-def _agent_class(class_bytes: bytes) -> Any:
-    """The agent class pickled as ``class_bytes`` (a path, or a class by value), rebuilt once per process.
-
-    cloudpickle keeps one class object per pickled class in a process, so every spec of
-    one agent class gets the same class (State codecs and group commits are keyed by
-    it); but it builds the class anew before finding that out, running the metaclass
-    (a State's pydantic schema) on every activation. Equal bytes are the same class.
-    """
-    return cloudpickle.loads(class_bytes)
-
-
-def _is_installed(path: str) -> bool:
-    parts = Path(path).resolve().parts
-    return "site-packages" in parts or "dist-packages" in parts or Path(path).resolve().is_relative_to(_PACKAGE_ROOT)
-
-
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _absolute_storage(storage: str) -> str:

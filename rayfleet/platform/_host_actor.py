@@ -26,6 +26,7 @@ from ..errors import (
     DeadlineExceededError,
     FleetUnavailableError,
     HandlerError,
+    InternalError,
     InvalidArgumentsError,
     InvalidSpecError,
     LeaseLostError,
@@ -352,10 +353,7 @@ class AgentHost:
             return ERROR, error
         except Exception as error:  # a bug, not the caller's fault: report it without crashing the host
             log.exception("unexpected error on %s", self.name)
-            return ERROR, RayfleetError(
-                f"internal error on {self.name}: {type(error).__name__}: {error}. This is a rayfleet bug; "
-                f"please report it with the host log"
-            )
+            return ERROR, InternalError(detail=f"on {self.name}, {type(error).__name__}: {error}")
 
     async def deliver(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
         received = _received(identity, envelope)

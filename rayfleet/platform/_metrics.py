@@ -9,9 +9,10 @@ table and the Grafana dashboard are checked against it). Ray's exporter prefixes
 ``ray_rayfleet_messages_total``.
 
 Why hosts tally first: a message must not pay for Ray's metric calls inside its turn
-(measured here: ``Counter.inc`` about 25 us, ``Histogram.observe`` about 14 us; the
-port's ``message`` about 0.3 us). :class:`RayHostMetrics` counts in plain dicts keyed
-by tuples, and the host actor exports once a second (:data:`HOST_EXPORT_INTERVAL`):
+(each ``Counter.inc`` or ``Histogram.observe`` costs tens of times the port's ``message``,
+a dict update, and would show in benchmark B1's call latency). :class:`RayHostMetrics`
+counts in plain dicts keyed by tuples, and the host actor exports once a second
+(:data:`HOST_EXPORT_INTERVAL`):
 one ``inc`` per series, each with a tag dict built once, and at most
 :data:`LATENCY_SAMPLES_PER_EXPORT` latency observations per agent class. Ray itself
 reports to the node's metrics agent every ``metrics_report_interval_ms`` (10 s by
@@ -42,8 +43,8 @@ HOST_EXPORT_INTERVAL = 1.0
 LATENCY_SAMPLES_PER_EXPORT = 1000
 """Turn latencies one host hands to the histogram per agent class per export, at most.
 
-Ray's ``Histogram.observe`` costs about 14 us (measured here), on the host's event
-loop; beyond this many turns per second and class the histogram gets a uniform sample
+Ray's ``Histogram.observe`` runs on the host's event loop and costs far more than a
+turn's tally; beyond this many turns per second and class the histogram gets a uniform sample
 (its ``_count`` then falls short of ``rayfleet_messages``, which stays exact)."""
 
 LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]

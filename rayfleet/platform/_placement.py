@@ -32,7 +32,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ._shutdown_signals import draining_nodes
+from ._ray_internals import draining_nodes
 
 HOST_NAME_PREFIX = "rayfleet-host-"
 NODE_WATCH_INTERVAL = 5.0

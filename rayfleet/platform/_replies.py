@@ -27,8 +27,8 @@ StepReplyWire = tuple[Any, int, int, "tuple[bool, bool, bool] | None"]
 the journaled step as ``(inserted, cancel requested, pause requested)`` or ``None``.
 
 Plain tuples of ints and bools travel by Ray's msgpack path; the dataclasses they stand
-for would be pickled, which cost 0.12 ms more per reply (1.32 against 1.20 ms for a
-whole call, ``/tmp/prof/reply.py`` on 2026-12-02)."""
+for would be pickled, which costs every reply a visible share of a whole call (benchmark
+B1, call latency, in ``benchmarks/calls.py``)."""
 
 
 def step_reply_wire(value: Any, usage: Usage, step: StepJournaled | None) -> StepReplyWire:

@@ -37,6 +37,7 @@ from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView
 from ..retry import RetryPolicy
 from ._batching import Batcher, EnvelopeRequest, submit
 from ._lease_probes import LeaseProbes
+from ._ray_internals import actor_state
 from ._replies import ERROR, OK, REDIRECT, Reply
 
 log = logging.getLogger("rayfleet.routing")
@@ -216,13 +217,18 @@ class HostDirectory:
         self.forget_sighting(identity)
 
     def handle(self, name: str) -> ray.actor.ActorHandle:
+        """The actor handle of host ``name``, looked up once and kept.
+
+        Raises:
+            HostGone: Ray has no actor of that name (it is marked dead here).
+        """
         handle = self._handles.get(name)
         if handle is None:
             try:
                 handle = ray.get_actor(name, namespace=self.namespace)
             except ValueError:
                 self.mark_dead(name)
-                raise _HostGone(name) from None
+                raise HostGone(name) from None
             self._handles[name] = handle
         return handle
 
@@ -242,7 +248,7 @@ class HostDirectory:
         return None if host is None else host.holder
 
 
-class _HostGone(Exception):
+class HostGone(Exception):
     """A host named in the directory no longer exists in Ray."""
 
 
@@ -296,7 +302,7 @@ class CallPlan:
                 return None
             try:
                 return name, self.directory.handle(name)
-            except _HostGone:
+            except HostGone:
                 # Only passed over, never deregistered: Ray can fail the name lookup of an
                 # actor it is restarting, and by then the holder this directory knows may be
                 # the new incarnation's, whose registration and leases must stay. A call to a
@@ -461,7 +467,7 @@ class Courier:
             return known
         try:
             answer = actor_restarting(self.directory.handle(host))
-        except _HostGone:
+        except HostGone:
             answer = True
         self._restart_checks[host] = (time.monotonic(), answer)
         return answer
@@ -472,7 +478,7 @@ class Courier:
             return known
         try:
             handle = self.directory.handle(host)
-        except _HostGone:
+        except HostGone:
             answer = True
         else:
             answer = await asyncio.to_thread(actor_restarting, handle)  # a GCS read: off the event loop
@@ -700,19 +706,10 @@ class Courier:
 def actor_restarting(handle: ray.actor.ActorHandle) -> bool:
     """Whether Ray is restarting the actor behind ``handle`` (or has given it up): its process is dead.
 
-    Ray has no public call for an actor's state without the dashboard's state API, so
-    this reads the GCS actor table through ``ray._private.state`` (what ``ray.util.state``
-    shows too). Any failure reading it answers ``False``: the request is then treated as
-    before, waiting for the lease to lapse, which is slower but as safe.
+    Not knowing answers ``False``: the request is then treated as before, waiting for
+    the lease to lapse, which is slower but as safe.
     """
-    try:
-        import ray._private.state as state
-
-        info = state.actors(actor_id=handle._actor_id.hex())
-    except Exception as error:  # noqa: BLE001 - an internal API; absent or failing means "not known to restart"
-        log.debug("cannot read the actor table: %s", error)
-        return False
-    return isinstance(info, dict) and info.get("State") in ("RESTARTING", "DEAD")
+    return actor_state(handle) in ("RESTARTING", "DEAD")
 
 
 _ABANDONED: Any = object()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import cloudpickle
 
+from .._version import VERSION
 from ..errors import BudgetExceededError, InvalidSpecError, RayfleetError
 from ..identity._names import validate_identity
 from ..retry import RetryPolicy
@@ -591,7 +592,7 @@ class Workflow:
                 digest.update(len(data).to_bytes(8, "big"))
                 digest.update(data)
 
-        feed("rayfleet", _rayfleet_version(), self.name, self.parallelism, self.budget)
+        feed("rayfleet", VERSION, self.name, self.parallelism, self.budget)
         for step in self._steps.values():
             feed(
                 step.label, step.call, step.to,
@@ -616,22 +617,6 @@ def _callable_fingerprint(fn: Callable[..., Any]) -> bytes:
         return pickled
     except Exception:  # noqa: BLE001 - an unpicklable callable is still identified by where it is defined
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(type(fn)))}".encode()
-
-
-_VERSION: str | None = None
-
-
-def _rayfleet_version() -> str:
-    # Looked up lazily: importing rayfleet from here would pull in the Ray-backed package.
-    global _VERSION
-    if _VERSION is None:
-        from importlib import metadata
-
-        try:
-            _VERSION = metadata.version("rayfleet")
-        except metadata.PackageNotFoundError:
-            _VERSION = "0"
-    return _VERSION
 
 
 # --------------------------------------------------------------------------- outcomes

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from rayfleet.errors import (
-    InvalidSpecError,
+    InternalError,
     LedgerUnavailableError,
     StaleCheckpointVersionError,
     StaleFencingTokenError,
@@ -60,9 +60,9 @@ def test_only_one_checkpoint_of_one_statement_on_postgresql_is_committed_awaited
         assert not ledger.commits_awaited([checkpoint(token, 1, keys=2)])  # two keys: the transaction's
         assert not ledger.commits_awaited([checkpoint(token, 1), checkpoint(token, 2)])
         assert not sqlite.commits_awaited([checkpoint(1, 1)])
-        with pytest.raises(InvalidSpecError, match="commits_awaited"):
+        with pytest.raises(InternalError, match="commits_awaited"):
             asyncio.run(ledger.commit_checkpoints_awaited([checkpoint(token, 1, keys=2)]))
-        with pytest.raises(InvalidSpecError, match="commits_awaited"):
+        with pytest.raises(InternalError, match="commits_awaited"):
             asyncio.run(sqlite.commit_checkpoints_awaited([checkpoint(1, 1)]))
     finally:
         ledger.close()

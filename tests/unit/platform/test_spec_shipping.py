@@ -6,6 +6,8 @@ whose ``sys.path`` lacks the roster's folder, as a host started by another drive
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,7 @@ import cloudpickle
 import pytest
 
 import rayfleet as rf
-from rayfleet.platform._fleet import pickle_spec
+from rayfleet.platform._shipping import pickle_spec
 from rayfleet.roster import load_roster
 
 AGENTS = '''
@@ -76,6 +78,21 @@ def test_a_roster_module_beside_the_roster_file_is_rebuilt_where_it_cannot_be_im
     assert done.returncode == 0, done.stderr[-3000:]
     # The helper module imported beside the agent's travelled with it.
     assert done.stdout.split() == ["echo/one", "ship_agents:Echo", "HI!", "['hi']"]
+
+
+def test_specs_a_ledger_stored_before_shipping_moved_still_rebuild(roster_folder: Path) -> None:
+    # Stored spec bytes name the function that rebuilds them; older ones name its first home.
+    from rayfleet.platform import _shipping
+
+    [spec] = load_roster(str(roster_folder / "team.yaml"))
+    package = pickle.loads(pickle_spec(spec))
+    assert isinstance(package, rf.AgentSpec)
+    fields = {field.name: getattr(package, field.name) for field in dataclasses.fields(package) if field.name != "agent"}
+    current = pickle.dumps(_shipping._SpecPackage(fields, _shipping._class_bytes(package.agent_class)), protocol=3)
+    here, before = b"crayfleet.platform._shipping\nrebuild_spec\n", b"crayfleet.platform._fleet\n_rebuild_spec\n"
+    assert current.count(here) == 1
+    rebuilt = cloudpickle.loads(current.replace(here, before))
+    assert rebuilt.identity == "echo/one" and rebuilt.agent_class is package.agent_class
 
 
 def test_a_class_path_of_an_installed_package_stays_a_reference() -> None:

@@ -230,8 +230,10 @@ ALLOWED_IMPORTS = ("__future__", "asyncio", "collections", "dataclasses", "enum"
                    "importlib", "inspect", "logging", "random", "time", "types", "typing", "cloudpickle",
                    "pydantic", "pyarrow")
 # ledger._run_rules: the run-lease and run-fencing rules, which the in-memory journal applies as the ledger does;
-# ledger._values: the plain values a journal answers with (RunRequests, StepJournaled), no store.
-ALLOWED_RELATIVE = ("errors", "retry", "_deadlines", "identity._handlers", "identity._names", "ledger._run_rules", "ledger._values")
+# ledger._values: the plain values a journal answers with (RunRequests, StepJournaled), no store;
+# _version: the installed rayfleet's version, which a workflow's code version includes.
+ALLOWED_RELATIVE = ("errors", "retry", "_deadlines", "_version", "identity._handlers", "identity._names",
+                    "ledger._run_rules", "ledger._values")
 
 
 def test_package_imports_only_allowed_modules() -> None:
