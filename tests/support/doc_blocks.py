@@ -159,7 +159,7 @@ def run_page(page: Path, blocks: list[CodeBlock], *, script: Path) -> int:
         with _as_main(module):
             for number, (block, code) in enumerate(compiled, start=1):
                 try:
-                    result = eval(code, module.__dict__)  # noqa: S307 - running the docs is the point
+                    result = eval(code, module.__dict__)
                     if asyncio.iscoroutine(result):
                         loop.run_until_complete(result)
                 except Exception as error:
