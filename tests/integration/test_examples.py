@@ -8,19 +8,12 @@ Each script is run with ``runpy`` as ``__main__`` (exactly the file a user runs 
 from __future__ import annotations
 
 import runpy
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from user_scripts import REPO, UserSetting, actors_in, as_a_user
+from user_scripts import REPO, UserSetting, actors_in
 
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
-
-
-@pytest.fixture
-def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UserSetting]:
-    with as_a_user(tmp_path / "work", monkeypatch) as setting:
-        yield setting
 
 
 def test_the_examples_are_the_ones_the_docs_promise() -> None:

@@ -124,8 +124,8 @@ def _dedent(line: str, indent: int) -> str:
     return line[min(indent, removable):]
 
 
-def compile_block(block: CodeBlock) -> types.CodeType:
-    """The block compiled so that tracebacks name the Markdown page and its real line numbers.
+def compile_block(block: CodeBlock, *, root: Path) -> types.CodeType:
+    """The block compiled so that tracebacks show the page (``root / block.page``) at its real lines.
 
     Raises:
         DocBlockError: the block is not valid Python.
@@ -136,11 +136,11 @@ def compile_block(block: CodeBlock) -> types.CodeType:
         line = block.line + (error.lineno or 1) - 1
         raise DocBlockError(f"{block.page}:{line}: not valid Python: {error.msg}") from None
     ast.increment_lineno(tree, block.line - 1)
-    return compile(tree, str(block.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    return compile(tree, str(root / block.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
 
 
-def run_page(page: Path, blocks: list[CodeBlock], *, script: Path) -> int:
-    """Run the page's unskipped blocks in order, in one namespace, as the script ``script`` would.
+def run_page(blocks: list[CodeBlock], *, root: Path, script: Path) -> int:
+    """Run a page's unskipped blocks in order, in one namespace, as the script ``script`` would.
 
     The namespace is a fresh ``__main__`` module (installed as ``sys.modules["__main__"]``
     while the page runs, as ``python script.py`` has it), so agent classes a page defines
@@ -152,7 +152,7 @@ def run_page(page: Path, blocks: list[CodeBlock], *, script: Path) -> int:
     """
     module = types.ModuleType("__main__")
     module.__file__ = str(script)
-    compiled = [(block, compile_block(block)) for block in blocks if block.skip_reason is None]
+    compiled = [(block, compile_block(block, root=root)) for block in blocks if block.skip_reason is None]
     loop = asyncio.new_event_loop()
     ran = 0
     try:
@@ -164,7 +164,7 @@ def run_page(page: Path, blocks: list[CodeBlock], *, script: Path) -> int:
                         loop.run_until_complete(result)
                 except Exception as error:
                     raise DocBlockError(
-                        f"{block.where}: block {number} of {len(compiled)} run from {page} raised "
+                        f"{block.where}: block {number} of {len(compiled)} run on this page raised "
                         f"{type(error).__name__}: {error}") from error
                 ran += 1
     finally:
