@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from doc_blocks import doc_pages, parse_blocks, run_page
+from doc_blocks import DocBlockError, doc_pages, parse_blocks, run_page
 from user_scripts import REPO, UserSetting
 
 PAGES = doc_pages(REPO)
@@ -22,6 +22,12 @@ PAGES = doc_pages(REPO)
 @pytest.mark.parametrize("page", PAGES, ids=[str(page) for page in PAGES])
 def test_the_code_of_a_docs_page_runs(page: Path, user: UserSetting, record_property: Callable[[str, object], None]) -> None:
     blocks = parse_blocks((REPO / page).read_text(encoding="utf-8"), page)
-    ran = run_page(blocks, root=REPO, script=user.workdir / f"{page.stem}.py")
+    failure = None
+    try:
+        ran = run_page(blocks, root=REPO, script=user.workdir / f"{page.stem}.py")
+    except DocBlockError as error:
+        failure = str(error)
+    if failure is not None:  # outside the except block, so the report is the page's trace alone
+        pytest.fail(failure, pytrace=False)
     record_property("blocks_run", ran)
     record_property("blocks_skipped", len(blocks) - ran)

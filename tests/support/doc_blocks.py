@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import re
 import sys
+import traceback
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,12 +166,20 @@ def run_page(blocks: list[CodeBlock], *, root: Path, script: Path) -> int:
                 except Exception as error:
                     raise DocBlockError(
                         f"{block.where}: block {number} of {len(compiled)} run on this page raised "
-                        f"{type(error).__name__}: {error}") from error
+                        f"{type(error).__name__}: {error}\n{_trace_from(error, code.co_filename)}") from error
                 ran += 1
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
     return ran
+
+
+def _trace_from(error: BaseException, filename: str) -> str:
+    """``error``'s traceback from the page's first frame on (the runner's own frames are noise)."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_frame.f_code.co_filename != filename:
+        trace = trace.tb_next
+    return "".join(traceback.format_exception(type(error), error, trace or error.__traceback__))
 
 
 @contextlib.contextmanager
