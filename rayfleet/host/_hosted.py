@@ -18,7 +18,7 @@ from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
 from ..ledger._values import StepEntry, StepJournaled
-from ._messages import DedupWindow, FenceMap
+from ._messages import ConversationSequences, DedupWindow
 
 
 class OwnedElsewhere(Exception):
@@ -74,7 +74,7 @@ class HostedAgent:
     the other durabilities it is in ``dedup`` at once, as unsaved as the State it guards."""
     pending_step: StepEntry | None = None
     """A workflow step's output to journal with the next commit (an ``EVERY_TURN`` turn's, so one at most)."""
-    fences: FenceMap = field(default_factory=FenceMap)
+    sequences: ConversationSequences = field(default_factory=ConversationSequences)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""
     handler_task: asyncio.Future[Any] | None = None

@@ -42,7 +42,7 @@ class Account(rf.Agent):
     async def flaky_deposit(self, amount: int) -> int:
         if Account.outage.get(self.identity, 0) > 0:
             Account.outage[self.identity] -= 1
-            raise rf.Retryable("upstream busy")
+            raise rf.RetryableError("upstream busy")
         self.state.balance += amount
         return self.state.balance
 
@@ -106,18 +106,33 @@ async def test_dedup_window_is_bounded_oldest_first(tmp_path: Path) -> None:
         assert (await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, idempotency_key="d")).duplicate
 
 
-async def test_stale_conversation_fence_is_refused_and_dead_lettered(ledger: Ledger, tmp_path: Path) -> None:
+async def test_stale_conversation_sequence_is_refused_and_dead_lettered(ledger: Ledger, tmp_path: Path) -> None:
     async with host(ledger, tmp_path) as runtime:
-        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", fence=3)
-        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", fence=3)
-        with pytest.raises(rf.StaleFencingTokenError, match="stale"):
-            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", fence=2)
-    assert reasons(ledger) == ["STALE_FENCE"]
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        with pytest.raises(rf.StaleSequenceError, match="stale"):
+            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=2)
+    assert reasons(ledger) == ["STALE_SEQUENCE"]
     # The high-water mark travels with the checkpoint to the next owner.
     async with host(ledger, tmp_path, "h2") as heir:
-        with pytest.raises(rf.StaleFencingTokenError):
-            await heir.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", fence=1)
-        assert (await heir.deliver("acct/1", "deposit", (), {"amount": 0}, conversation="c", fence=4)).value == 2
+        with pytest.raises(rf.StaleSequenceError):
+            await heir.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=1)
+        assert (await heir.deliver("acct/1", "deposit", (), {"amount": 0}, conversation="c", sequence=4)).value == 2
+
+
+async def test_a_sequence_that_went_backwards_raises_stale_sequence_with_advice_for_the_caller(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        with pytest.raises(rf.StaleSequenceError) as caught:
+            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=2)
+    error = caught.value
+    assert (error.conversation, error.presented, error.current) == ("c", 2, 3)
+    assert isinstance(error, rf.DeliveryError) and not isinstance(error, rf.StaleFencingTokenError)
+    # The caller's own numbering went backwards: nothing about owners or dropping the agent.
+    assert "another owner" not in error.message and "Drop the agent" not in error.message
+    assert "sequence" in error.message and "3" in error.message
 
 
 async def test_expired_deadline_dead_letters_without_running(ledger: Ledger, tmp_path: Path) -> None:
