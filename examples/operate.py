@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+from _checks import conclude
+
 import rayfleet as rf
 
 ORDERS = "shop/orders"
@@ -112,11 +114,7 @@ def main() -> None:
         "its replay succeeded after the fix and removed the letter": replies == [5] and not letters_left,
         "the drain moved the agent to another host with its State": moved_to != drained_host and final_count == 5,
     }
-    for check, held in checks.items():
-        print(f"  [{'ok' if held else 'FAILED'}] {check}")
-    if not all(checks.values()):
-        raise SystemExit("operate: a check failed")
-    print("operate: all checks held")
+    conclude("operate", checks)
 
 
 if __name__ == "__main__":

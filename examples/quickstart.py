@@ -11,6 +11,7 @@ import contextlib
 import time
 
 import ray
+from _checks import conclude
 
 import rayfleet as rf
 
@@ -78,11 +79,7 @@ def main() -> None:
         "it is the same life of the counter (generation and runtime id kept)":
             after.generation == before.generation and after.runtime_id == before.runtime_id,
     }
-    for check, held in checks.items():
-        print(f"  [{'ok' if held else 'FAILED'}] {check}")
-    if not all(checks.values()):
-        raise SystemExit("quickstart: a check failed")
-    print("quickstart: all checks held")
+    conclude("quickstart", checks)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ compensated in reverse order (hotel, then flight). Exits 0 when every check held
 
 from __future__ import annotations
 
+from _checks import conclude
+
 import rayfleet as rf
 
 NIGHTS = 2
@@ -109,11 +111,7 @@ def main() -> None:
         "compensations ran in reverse order of completion": bad.compensated == ("hotel", "flight"),
         "the cheap trip's reservations stand and the expensive one's are undone": kept and undone,
     }
-    for check, held in checks.items():
-        print(f"  [{'ok' if held else 'FAILED'}] {check}")
-    if not all(checks.values()):
-        raise SystemExit("saga: a check failed")
-    print("saga: all checks held")
+    conclude("saga", checks)
 
 
 if __name__ == "__main__":

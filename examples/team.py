@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from _checks import conclude
+
 import rayfleet as rf
 from rayfleet.demo import Researcher
 
@@ -65,11 +67,7 @@ def main() -> None:
         "applying the same roster again is a no-op": not again.changed,
         "the DOT graph names every researcher": all(f'"{name}"' in dot for name in RESEARCHERS),
     }
-    for check, held in checks.items():
-        print(f"  [{'ok' if held else 'FAILED'}] {check}")
-    if not all(checks.values()):
-        raise SystemExit("team: a check failed")
-    print("team: all checks held")
+    conclude("team", checks)
 
 
 if __name__ == "__main__":

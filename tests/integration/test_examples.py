@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from user_scripts import REPO, UserSetting, actors_in
 
-EXAMPLES = sorted((REPO / "examples").glob("*.py"))
+EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.py") if not path.name.startswith("_"))
+"""The scripts; ``_``-modules are their helpers."""
 
 
 def test_the_examples_are_the_ones_the_docs_promise() -> None:
@@ -22,7 +23,10 @@ def test_the_examples_are_the_ones_the_docs_promise() -> None:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", EXAMPLES, ids=[path.stem for path in EXAMPLES])
-def test_example_runs_and_its_checks_hold(script: Path, user: UserSetting, capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_runs_and_its_checks_hold(
+    script: Path, user: UserSetting, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(script.parent))  # as `python examples/x.py` puts the script's folder first
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exit_:
