@@ -73,7 +73,7 @@ from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
 from ..ledger._values import StepEntry, StepJournaled
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
-from ._messages import DeadLetterReason, Envelope
+from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
 
 if TYPE_CHECKING:
@@ -318,10 +318,9 @@ class Delivery:
         """The gates after pause, then the handler, the commit and the reply (caller holds the turn lock)."""
         await self._check_sequence(entry, envelope)
         key = envelope.dedup_key()
-        if key is not None:
-            remembered = self._remembered_reply(entry, key)
-            if remembered is not None:
-                return remembered
+        remembered = self._remembered_reply(entry, envelope.message_key() if key is None else key)
+        if remembered is not None:
+            return remembered
         await self._check_deadline(envelope)
         await self._activations.ensure_healthy_lease(entry)
         value, usage = await self._run_with_retries(entry, envelope, info, bound)
@@ -337,6 +336,8 @@ class Delivery:
                 # Answered before it is durable: the key is exactly as durable as the
                 # State it guards, and both are committed together later.
                 entry.dedup.insert(key, reply)
+        elif entry.dirty:
+            self._remember_message(entry, envelope, value, usage, every_turn=every_turn)
         step: StepJournaled | None = None
         if entry.dirty and every_turn:
             if key is not None and envelope.journal is not None:
@@ -361,9 +362,26 @@ class Delivery:
             # A raised high-water mark must outlive this owner even when the turn changes no State.
             entry.dirty = True
 
+    @staticmethod
+    def _remember_message(
+        entry: HostedAgent, envelope: Envelope, value: Any, usage: Usage, *, every_turn: bool,
+    ) -> None:
+        """Remember the reply of a state-changing turn without a key under its message key (see ``recent_messages``).
+
+        A reply too large to carry in every checkpoint is remembered in the ledger's
+        dedup window instead, as an idempotency key would be.
+        """
+        key, reply = envelope.message_key(), cloudpickle.dumps((value, usage))
+        if len(reply) <= RECENT_REPLY_LIMIT:
+            entry.recent_messages.insert(key, reply)
+            return
+        entry.pending_dedup.append((key, reply))
+        if not every_turn:
+            entry.dedup.insert(key, reply)
+
     def _remembered_reply(self, entry: HostedAgent, key: str) -> TurnResult | None:
-        """The original reply to ``key`` if the dedup window still holds it, else ``None``."""
-        original = entry.dedup.get(key)
+        """The original reply to ``key`` if the dedup window or the message-id window holds it, else ``None``."""
+        original = entry.dedup.get(key) or entry.recent_messages.get(key)
         if original is None:
             return None
         self.counters.duplicates += 1

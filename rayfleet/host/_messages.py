@@ -28,6 +28,14 @@ SEQUENCE_MAP_SOFT_CAP = 16_384
 SEQUENCE_ENTRY_TTL = 600.0
 SEQUENCE_SWEEP_INTERVAL = 1.0
 EXTERNAL_SENDER = "external"
+RECENT_MESSAGES = 16
+"""Message ids of an agent's last state-changing turns without an idempotency key, remembered with its checkpoint.
+
+A router sends one envelope again only when the host it sent it to died: the turns that
+host committed without getting their replies out are the last few of each identity (its
+turns run one at a time), so a short window covers them."""
+RECENT_REPLY_LIMIT = 1024
+"""Largest pickled reply kept in the message-id window; a larger one is remembered in the ledger's dedup window."""
 
 
 class DeadLetterReason(str, enum.Enum):
@@ -105,6 +113,14 @@ class Envelope:
         if self.idempotency_key is None:
             return None
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}{self.idempotency_key}"
+
+    def message_key(self) -> str:
+        """The implicit key of a message without an idempotency key: its message id, unique to this envelope.
+
+        Only the platform sends one envelope twice (a router's re-send after the host it
+        went to died); a caller's own retry is a new envelope with a new id.
+        """
+        return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}message{DEDUP_SCOPE_SEPARATOR}{self.message_id}"
 
     def wire(self) -> EnvelopeWire:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
@@ -232,6 +248,10 @@ class DedupWindow:
             self._replies.popitem(last=False)
         self._replies[key] = reply
         return True
+
+    def items(self) -> list[tuple[str, bytes]]:
+        """The remembered keys with their replies, oldest first."""
+        return [] if self._replies is None else list(self._replies.items())
 
 
 class ConversationSequences:

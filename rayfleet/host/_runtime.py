@@ -1344,9 +1344,14 @@ class HostRuntime:
 
 
 def _encode_extra(entry: HostedAgent) -> bytes:
-    """Runtime metadata saved beside the State: the conversations' sequence high-water marks."""
-    sequences = entry.sequences.export()
-    return cloudpickle.dumps({"sequences": sequences}) if sequences else b""
+    """Runtime metadata saved beside the State: the conversations' sequence high-water marks, and the
+    replies of the last turns without an idempotency key by message key (``HostedAgent.recent_messages``)."""
+    saved: dict[str, Any] = {}
+    if sequences := entry.sequences.export():
+        saved["sequences"] = sequences
+    if messages := entry.recent_messages.items():
+        saved["messages"] = messages
+    return cloudpickle.dumps(saved) if saved else b""
 
 
 def _decode_extra(entry: HostedAgent, extra: bytes) -> None:
@@ -1354,6 +1359,8 @@ def _decode_extra(entry: HostedAgent, extra: bytes) -> None:
         saved = cloudpickle.loads(extra)
         # Checkpoints written before the conversation sequence had its own word keep them under "fences".
         entry.sequences.restore(saved.get("sequences", saved.get("fences", {})))
+        for key, reply in saved.get("messages", ()):
+            entry.recent_messages.insert(key, reply)
 
 
 def holder_host(holder: str) -> str:

@@ -5,19 +5,33 @@ which may run and commit the turn and die before its reply leaves. The router th
 the same envelope to the next owner. That re-send must be recognised by the envelope's
 message id and answered with the committed reply: the caller sent one call without an
 idempotency key, and must see one effect.
+
+The race of a real ``ray.kill`` lands in that window only while the commit is in flight
+(its ``fsync``), so the first test makes the host die there every time: the handler
+holds the host's event loop once the turn is over, long enough for the commit to land
+(it runs on the ledger's thread, actor or server) and never long enough for the reply to
+leave, then ends the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from pathlib import Path
 
 import pytest
 import ray
 
 import rayfleet as rf
 
-ROUNDS = 12
-"""Kills per store: the dying host served the call in about one round in four before the fix."""
+ROUNDS = 6
+"""Crashes per store in each test."""
+
+
+def _die_once_the_commit_landed() -> None:
+    time.sleep(1.0)
+    os._exit(1)
 
 
 class Counter(rf.Agent):
@@ -25,9 +39,41 @@ class Counter(rf.Agent):
         total: int = 0
 
     @rf.handler
-    async def add(self, n: int) -> int:
+    async def add(self, n: int, crash_flag: str = "") -> int:
         self.state.total += n
+        if crash_flag:
+            try:
+                os.unlink(crash_flag)  # only the first delivery of the message crashes its host
+            except FileNotFoundError:
+                pass
+            else:
+                asyncio.get_running_loop().call_soon(_die_once_the_commit_landed)
         return self.state.total
+
+
+def add(ref: rf.AgentRef, round_: int, **arguments: object) -> int:
+    """``add`` without an idempotency key, through ``call`` and ``ask`` in turn."""
+    if round_ % 2:
+        return int(asyncio.run(ref.ask("add", timeout=60, **arguments)))
+    return int(ref.call("add", timeout=60, **arguments))
+
+
+@pytest.mark.timeout(600)
+def test_a_host_dying_between_the_commit_and_the_reply_costs_no_second_effect(
+    make_any_fleet: object, tmp_path: Path,
+) -> None:
+    fleet: rf.Fleet = make_any_fleet(hosts=2)  # type: ignore[operator]
+    ref = fleet.spawn("counter/crash", Counter)
+    total = ref.call("add", n=1)
+    flag = tmp_path / "crash"
+    for round_ in range(ROUNDS):
+        flag.touch()
+        total += 10
+        got = add(ref, round_, n=10, crash_flag=str(flag))
+        assert not flag.exists(), "the host never took the message"
+        assert got == total, f"round {round_}: one call of add(10) moved the total to {got}, not {total}"
+    assert ref.call("add", n=0, timeout=60) == total
+    assert fleet.status("counter/crash").checkpoint_version == ROUNDS + 1
 
 
 @pytest.mark.timeout(600)
@@ -41,10 +87,7 @@ def test_a_call_sent_as_its_host_is_killed_has_one_effect(make_any_fleet: object
         # Not waited for: the call below races the kill, as in the quickstart. Ray restarts the host.
         ray.kill(ray.get_actor(owner, namespace=fleet.config.namespace), no_restart=False)
         total += 10
-        if round_ % 2:
-            got = asyncio.run(ref.ask("add", n=10, timeout=60))
-        else:
-            got = ref.call("add", n=10, timeout=60)
+        got = add(ref, round_, n=10)
         assert got == total, f"round {round_}: one call of add(10) moved the total to {got}, not {total}"
     status = fleet.status("counter/once")
     assert ref.call("add", n=0, timeout=60) == total

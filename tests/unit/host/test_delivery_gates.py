@@ -47,6 +47,15 @@ class Account(rf.Agent):
         return self.state.balance
 
     @rf.handler
+    async def write_note(self, text: str) -> str:
+        self.state.log = [*self.state.log, text]
+        return text
+
+    @rf.handler
+    async def read_balance(self) -> int:
+        return self.state.balance
+
+    @rf.handler
     async def poison(self) -> None:
         raise KeyError("cannot handle this")
 
@@ -92,6 +101,50 @@ async def test_dedup_survives_a_new_owner(ledger: Ledger, tmp_path: Path) -> Non
         again = await heir.deliver("acct/1", "deposit", (), {"amount": 5}, idempotency_key="pay-1")
         assert again.duplicate and again.value == 5
         assert (await heir.deliver("acct/1", "deposit", (), {"amount": 1})).value == 6
+
+
+async def test_a_resent_envelope_without_a_key_is_answered_from_the_checkpoint_by_its_next_owner(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    sent = rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 10})
+    async with host(ledger, tmp_path) as runtime:
+        assert (await runtime.deliver_envelope(sent)).value == 10
+    # The first owner is gone (its reply never reached the caller); the router sends the same envelope on.
+    async with host(ledger, tmp_path, "h2") as heir:
+        again = await heir.deliver_envelope(sent)
+        assert again.duplicate and again.value == 10
+        # A new call of the same handler and arguments is a new message, and runs.
+        fresh = await heir.deliver_envelope(rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 10}))
+        assert (fresh.value, fresh.duplicate) == (20, False)
+        assert heir.statistics().duplicates == 1
+
+
+async def test_the_message_window_is_bounded_and_keeps_large_replies_in_the_dedup_window(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    from rayfleet.host._messages import RECENT_MESSAGES
+
+    first = rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 1})
+    large = rf.Envelope(target="acct/1", method="write_note", kwargs={"text": "x" * 4096})
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.deliver_envelope(first)
+        await runtime.deliver_envelope(large)  # its 4 KiB reply is too large for the window
+        for _ in range(RECENT_MESSAGES):
+            await runtime.deliver_envelope(rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 1}))
+    assert len(ledger.dedup_window("acct/1")) == 1  # only the large reply went to the ledger's window
+    async with host(ledger, tmp_path, "h2") as heir:
+        assert (await heir.deliver_envelope(large)).duplicate
+        # The first message left the window RECENT_MESSAGES turns later; its re-send runs again.
+        assert not (await heir.deliver_envelope(first)).duplicate
+
+
+async def test_a_read_only_turn_without_a_key_is_not_remembered(ledger: Ledger, tmp_path: Path) -> None:
+    read = rf.Envelope(target="acct/1", method="read_balance")
+    async with host(ledger, tmp_path) as runtime:
+        assert (await runtime.deliver_envelope(read)).value == 0
+        # Nothing changed, so nothing was committed: running it again is harmless and costs no write.
+        assert not (await runtime.deliver_envelope(read)).duplicate
+    assert ledger.dedup_window("acct/1") == []
 
 
 async def test_dedup_window_is_bounded_oldest_first(tmp_path: Path) -> None:
