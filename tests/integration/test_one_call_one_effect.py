@@ -7,17 +7,17 @@ message id and answered with the committed reply: the caller sent one call witho
 idempotency key, and must see one effect.
 
 The race of a real ``ray.kill`` lands in that window only while the commit is in flight
-(its ``fsync``), so the first test makes the host die there every time: the handler
-holds the host's event loop once the turn is over, long enough for the commit to land
-(it runs on the ledger's thread, actor or server) and never long enough for the reply to
-leave, then ends the process.
+(its ``fsync``), so the first test makes the host die there every time: the reply of a
+crashing call is a value whose serializer, registered with Ray in the host's process by
+the handler, ends that process. Ray serializes a reply only after the turn committed and
+the host's delivery returned it, so the host dies after the commit and before the reply
+leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +29,17 @@ ROUNDS = 6
 """Crashes per store in each test."""
 
 
-def _die_once_the_commit_landed() -> None:
-    time.sleep(1.0)
+class CrashOnReply:
+    """A total whose serialization by Ray ends the host's process (see the module docstring)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def __int__(self) -> int:
+        return self.total
+
+
+def _end_the_process(_: CrashOnReply) -> None:
     os._exit(1)
 
 
@@ -39,7 +48,7 @@ class Counter(rf.Agent):
         total: int = 0
 
     @rf.handler
-    async def add(self, n: int, crash_flag: str = "") -> int:
+    async def add(self, n: int, crash_flag: str = "") -> int | CrashOnReply:
         self.state.total += n
         if crash_flag:
             try:
@@ -47,7 +56,8 @@ class Counter(rf.Agent):
             except FileNotFoundError:
                 pass
             else:
-                asyncio.get_running_loop().call_soon(_die_once_the_commit_landed)
+                ray.util.register_serializer(CrashOnReply, serializer=_end_the_process, deserializer=CrashOnReply)
+                return CrashOnReply(self.state.total)
         return self.state.total
 
 
