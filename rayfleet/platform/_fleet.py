@@ -145,7 +145,7 @@ def connect(
     address: str | None = None,
     storage: str | os.PathLike[str] | None = None,
     *,
-    namespace: str = DEFAULT_NAMESPACE,
+    namespace: str | None = None,
     hosts: int | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -160,7 +160,8 @@ def connect(
     ``address=None`` uses ``RAY_ADDRESS`` when set, else attaches to a cluster a ``ray start``
     on this machine left (as ``ray.init()`` finds it), else starts a local Ray; only in that
     last case does :meth:`Fleet.shutdown` stop the fleet's actors by default;
-    ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``.
+    ``storage=None`` uses ``RAYFLEET_STORAGE`` when set, else ``./.rayfleet``;
+    ``namespace=None`` uses ``RAYFLEET_NAMESPACE`` when set, else ``rayfleet`` (as the CLI does).
     ``ledger=None`` uses ``RAYFLEET_LEDGER`` when set, else a SQLite file in the
     storage folder; ``ledger="postgresql://..."`` puts the ledger in PostgreSQL, which
     every process then reaches directly. The ledger actor (SQLite) and host actors
@@ -193,7 +194,7 @@ def connect(
         ledger=ledger if ledger is not None or ledger_path is not None else os.environ.get("RAYFLEET_LEDGER") or None,
         ledger_path=ledger_path,
         ledger_node=ledger_node,
-        namespace=namespace,
+        namespace=namespace if namespace is not None else os.environ.get("RAYFLEET_NAMESPACE") or DEFAULT_NAMESPACE,
         hosts=hosts,
         lease_ttl=lease_ttl,
         idle_timeout=idle_timeout,

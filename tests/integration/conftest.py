@@ -9,6 +9,7 @@ from typing import Any
 
 import pg_support
 import pytest
+from user_scripts import UserSetting, as_a_user
 
 import rayfleet as rf
 
@@ -92,3 +93,10 @@ def any_fleet(make_any_fleet: Any) -> rf.Fleet:
     """A fleet on each ledger store in turn (see ``ledger_kind``)."""
     return make_any_fleet()  # type: ignore[no-any-return]
 
+
+
+@pytest.fixture
+def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UserSetting]:
+    """Where a user's script runs (an example, a docs page): ``rf.connect()`` finds a fresh fleet there."""
+    with as_a_user(tmp_path / "work", monkeypatch) as setting:
+        yield setting
