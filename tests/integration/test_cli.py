@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -287,3 +289,49 @@ def test_demo_command_runs_the_demo(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "Demo passed" in result.stdout
     assert (tmp_path / "demo-store" / "fleet.json").is_file()  # the storage came from RAYFLEET_STORAGE
+
+
+@pytest.mark.timeout(300)
+def test_read_only_commands_read_a_stopped_embedded_fleet_without_a_cluster(tmp_path: Path) -> None:
+    """After `rayfleet demo` exited, its storage is read directly: export, list, status, dead letters, runs."""
+    store = tmp_path / "demo-store"
+    result = CliRunner().invoke(cli, ["demo"], prog_name="rayfleet",
+                                env={"RAY_ADDRESS": None, "RAYFLEET_STORAGE": str(store)})
+    assert result.exit_code == 0, result.output
+    before = sorted(path.relative_to(store) for path in store.rglob("*") if not path.name.endswith(("-wal", "-shm")))
+    ledger_bytes = (store / "ledger.sqlite").read_bytes()
+
+    # A separate process with no RAY_ADDRESS: it finds no fleet running in any cluster, as after the demo on a laptop.
+    def rayfleet(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RAYFLEET_STORAGE": str(store)}
+        env.pop("RAY_ADDRESS", None)
+        return subprocess.run([sys.executable, "-m", "rayfleet.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+
+    listed = rayfleet("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    identities = {agent["identity"]: agent for agent in json.loads(listed.stdout)}
+    assert {"counter/alice", "counter/bob", "notes/ops"} <= set(identities), sorted(identities)
+    assert all(agent["host"] is None for agent in identities.values())  # nothing runs them now
+
+    exported = rayfleet("export", str(tmp_path / "out"), "--json")
+    assert exported.returncode == 0, exported.stderr
+    report = json.loads(exported.stdout)
+    assert sum(report["tables"].values()) == len(identities) - report["uncheckpointed"] >= 3
+    counters = pq.read_table(tmp_path / "out" / "rayfleet.demo.agents.Counter").to_pylist()
+    assert {row["identity"]: row["total"] for row in counters}["counter/alice"] == 6  # 2 + 3, then 1 after the kill
+
+    summary = rayfleet("status", "--json")
+    assert summary.returncode == 0, summary.stderr
+    assert json.loads(summary.stdout)["hosts"] == 0
+    assert json.loads(summary.stdout)["identities"] == len(identities)
+    for args in (["dead-letters", "list", "--json"], ["runs", "list", "--json"], ["topology", "export"]):
+        assert rayfleet(*args).returncode == 0, args
+
+    # Read only: the storage and the ledger are as the demo left them.
+    after = sorted(path.relative_to(store) for path in store.rglob("*") if not path.name.endswith(("-wal", "-shm")))
+    assert after == before
+    assert (store / "ledger.sqlite").read_bytes() == ledger_bytes
+    # A command that needs a running fleet still says there is none.
+    refused_send = rayfleet("send", "counter/alice", "add", "--json", "{\"n\": 1}")
+    assert refused_send.returncode == 2 and "no fleet to attach to" in refused_send.stderr
