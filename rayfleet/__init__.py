@@ -34,13 +34,14 @@ from .errors import NotInAgentContextError as NotInAgentContextError
 from .errors import NotWiredError as NotWiredError
 from .errors import PeerCycleError as PeerCycleError
 from .errors import RayfleetError as RayfleetError
-from .errors import Retryable as Retryable
+from .errors import RetryableError as RetryableError
 from .errors import RunCancelledError as RunCancelledError
 from .errors import RunOwnedElsewhereError as RunOwnedElsewhereError
 from .errors import SnapshotError as SnapshotError
 from .errors import StaleCheckpointVersionError as StaleCheckpointVersionError
 from .errors import StaleFencingTokenError as StaleFencingTokenError
 from .errors import StaleRunTokenError as StaleRunTokenError
+from .errors import StaleSequenceError as StaleSequenceError
 from .errors import StepFailedError as StepFailedError
 from .errors import StorageError as StorageError
 from .errors import StorageUnavailableError as StorageUnavailableError
@@ -150,7 +151,7 @@ __all__ = [
     "Envelope",
     "ParkedMessage",
     "RetryPolicy",
-    "Retryable",
+    "RetryableError",
     # Values
     "Addressability",
     "ContinuityRecord",
@@ -196,6 +197,7 @@ __all__ = [
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StaleRunTokenError",
+    "StaleSequenceError",
     "StepFailedError",
     "UnknownDeadLetterError",
     "UnknownHandlerError",

@@ -23,8 +23,9 @@ catches one kind of failure without naming every leaf::
     │   ├── InvalidArgumentsError (also TypeError)    handler arguments that do not fit the handler
     │   ├── HandlerError                              the user's handler raised
     │   ├── DeadlineExceededError (also TimeoutError) a call did not finish in time
+    │   ├── StaleSequenceError                        a conversation's sequence went backwards
     │   ├── UnknownDeadLetterError (also KeyError)    no dead letter has that id
-    │   └── Retryable                                 raised by a handler: retry this turn with backoff
+    │   └── RetryableError                            raised by a handler: retry this turn with backoff
     ├── WorkflowError                                 a workflow run
     │   ├── StepFailedError                           a workflow step failed
     │   ├── BudgetExceededError                       a workflow spent more than its budget
@@ -41,8 +42,8 @@ catches one kind of failure without naming every leaf::
     │   ├── LedgerUnavailableError (also ConnectionError) the database cannot be reached now; retry
     │   ├── LedgerSchemaError                         the database was written by a newer rayfleet
     │   └── FleetMismatchError                        the ledger and the storage belong to different fleets
-├── StorageError                                  the checkpoint storage (snapshot files) itself
-│   └── StorageUnavailableError                   the storage refused a write (full, read-only, unreachable); retry
+    ├── StorageError                                  the checkpoint storage (snapshot files) itself
+    │   └── StorageUnavailableError                   the storage refused a write (full, read-only, unreachable); retry
     ├── FleetUnavailableError                         no host could serve the request
     │   └── FleetNotFoundError                        no running fleet to attach to (connect(create=False))
     └── InternalError                                 a rayfleet bug: an invariant did not hold
@@ -84,7 +85,7 @@ __all__ = [
     "NotWiredError",
     "PeerCycleError",
     "RayfleetError",
-    "Retryable",
+    "RetryableError",
     "RunCancelledError",
     "RunOwnedElsewhereError",
     "SnapshotError",
@@ -93,6 +94,7 @@ __all__ = [
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StaleRunTokenError",
+    "StaleSequenceError",
     "StepFailedError",
     "UnknownDeadLetterError",
     "UnknownHandlerError",
@@ -488,12 +490,12 @@ class HandlerError(DeliveryError):
 
     @property
     def raised_retryable(self) -> bool:
-        """Whether the handler raised :class:`Retryable`: ``remote_type``'s name ends in ``Retryable``.
+        """Whether the handler raised :class:`RetryableError`: ``remote_type``'s name ends in ``RetryableError``.
 
-        Only the type's name crosses the actor boundary, so a subclass of ``Retryable``
-        with a name not ending in ``Retryable`` does not count.
+        Only the type's name crosses the actor boundary, so a subclass of ``RetryableError``
+        with a name not ending in ``RetryableError`` does not count.
         """
-        return self.remote_type.endswith("Retryable")
+        return self.remote_type.endswith("RetryableError")
 
 
 class DeadlineExceededError(DeliveryError, TimeoutError):
@@ -535,15 +537,57 @@ class UnknownDeadLetterError(DeliveryError, KeyError):
         )
 
 
-class Retryable(DeliveryError):
+class StaleSequenceError(DeliveryError):
+    """A message's conversation sequence is lower than one the agent already saw in that conversation.
+
+    The caller's own numbering went backwards (a late or replayed message of an earlier
+    exchange): the message was not run and is in the dead-letter log. Nothing is wrong
+    with the agent or its owner.
+
+    Attributes:
+        identity: the agent that refused the message.
+        conversation: the conversation the message named.
+        presented: the sequence the message carried.
+        current: the highest sequence the agent has seen in that conversation.
+    """
+
+    identity: str
+    conversation: str
+    presented: int
+    current: int
+
+    def __init__(self, *, identity: str, conversation: str, presented: int, current: int) -> None:
+        super().__init__(
+            f"sequence {presented} of conversation {conversation!r} to {identity!r} is stale: the agent has "
+            f"already seen sequence {current} there, so the message was not run (it is in the dead-letter log). "
+            f"Send it again with a sequence of at least {current}, or in a new conversation.",
+            identity=identity,
+            conversation=conversation,
+            presented=presented,
+            current=current,
+        )
+
+
+class RetryableError(DeliveryError):
     """Raise from a handler to ask for the turn to be retried with backoff.
 
     Timeouts and connection errors are retried too; every other exception is final and
     dead-letters the message. See :func:`is_retryable`.
+
+    Attributes:
+        retry_after: the least seconds to wait before the next attempt (a rate limit's
+            ``Retry-After``, say); ``None`` leaves the wait to the retry policy. The host
+            waits the longer of the two.
     """
 
-    def __init__(self, message: str = "retryable failure") -> None:
-        super().__init__(message)
+    retry_after: float | None
+
+    def __init__(self, message: str = "retryable failure", *, retry_after: float | None = None) -> None:
+        if retry_after is not None and (isinstance(retry_after, bool) or not isinstance(retry_after, (int, float))
+                                        or not retry_after >= 0):
+            raise InvalidSpecError(f"retry_after must be a non-negative number of seconds or None, got {retry_after!r}",
+                                   field="retry_after")
+        super().__init__(message, retry_after=retry_after)
 
 
 # --------------------------------------------------------------------------- workflow runs
@@ -945,18 +989,18 @@ class InternalError(RayfleetError):
 def is_retryable(error: BaseException, *, handler_failures: bool = False) -> bool:
     """Whether a failed attempt is worth another.
 
-    :class:`Retryable`, :class:`StorageUnavailableError`, any ``TimeoutError`` (so
+    :class:`RetryableError`, :class:`StorageUnavailableError`, any ``TimeoutError`` (so
     :class:`DeadlineExceededError` and :class:`ModelTimeoutError` too) and any
     ``ConnectionError`` (so :class:`LedgerUnavailableError` too) are; nothing else is.
 
     Args:
         error: what the attempt raised.
         handler_failures: also count a :class:`HandlerError` whose handler raised
-            ``Retryable``. A caller that reaches handlers through the fleet (the
+            ``RetryableError``. A caller that reaches handlers through the fleet (the
             workflow engine) sees their failures only as ``HandlerError``. The host
             leaves it off: a ``HandlerError`` a handler got from a peer has already
             had that peer's own retries.
     """
-    if isinstance(error, (Retryable, StorageUnavailableError, TimeoutError, ConnectionError)):
+    if isinstance(error, (RetryableError, StorageUnavailableError, TimeoutError, ConnectionError)):
         return True
     return handler_failures and isinstance(error, HandlerError) and error.raised_retryable

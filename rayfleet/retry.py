@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .errors import InvalidSpecError, is_retryable
+from .errors import InvalidSpecError, RetryableError, is_retryable
 
 T = TypeVar("T")
 
@@ -62,6 +62,19 @@ class RetryPolicy:
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
         return float(min(raw * spread, self.max_delay))
 
+    def delay_after(self, error: BaseException, attempt: int, *, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt ``attempt`` raised ``error``.
+
+        The policy's :meth:`delay_for`, or the error's ``retry_after`` when it is a
+        :class:`~rayfleet.errors.RetryableError` asking for longer: a server that said
+        when to come back is not asked earlier. ``retry_after`` is not capped by
+        ``max_delay``.
+        """
+        delay = self.delay_for(attempt, rng=rng)
+        if isinstance(error, RetryableError) and error.retry_after is not None:
+            return max(delay, float(error.retry_after))
+        return delay
+
     def delays(self, *, rng: random.Random | None = None) -> Iterator[float]:
         """The waits between attempts, in order: ``max_attempts - 1`` of them.
 
@@ -106,7 +119,7 @@ async def retry_async(
             if attempt + 1 >= policy.max_attempts or not retry_on(error):
                 raise
             # Drawn only when retrying, so a seeded rng gives the same waits as a hand-written loop.
-            delay = policy.delay_for(attempt, rng=rng)
+            delay = policy.delay_after(error, attempt, rng=rng)
             if on_retry is not None:
                 on_retry(attempt, error, delay)
         await sleep(delay)

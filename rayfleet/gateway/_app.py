@@ -62,7 +62,7 @@ log = logging.getLogger("rayfleet.gateway")
 
 JSON_MEDIA = "application/json"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-CALL_OPTIONS = frozenset({"timeout", "idempotency_key", "deadline", "conversation", "fence"})
+CALL_OPTIONS = frozenset({"timeout", "idempotency_key", "deadline", "conversation", "sequence"})
 """Keywords ``AgentRef.ask`` takes as call options, so a handler argument cannot have these names over HTTP."""
 MAX_PATH_VALUE = 400
 """Longest identity, run id or method accepted in a path (identities stop at 200 anyway)."""

@@ -8,7 +8,7 @@ Every message meets the same gates, in this order:
 3. the handler exists and the arguments bind to it;
 4. pause: while the agent is paused the message is parked durably in the ledger
    and its caller waits until a resume replays it;
-5. conversation fence: a fence below the conversation's high-water mark is refused;
+5. conversation sequence: a sequence below the conversation's high-water mark is refused;
 6. dedup: a repeated idempotency key of the same sender gets the original reply
    without running the handler;
 7. deadline: a message whose deadline has passed is not run;
@@ -23,7 +23,7 @@ Every message meets the same gates, in this order:
    told nothing was (another durability, a duplicate, a large output, a stale token);
 10. the reply.
 
-A message refused for its arguments, a stale fence or a passed deadline, or whose
+A message refused for its arguments, a stale sequence or a passed deadline, or whose
 handler fails for good, goes to the dead-letter log with its original envelope and
 the reason. Addressability, lifecycle and unknown-handler refusals are not
 dead-lettered: the caller gets a typed error it can act on at once. A replayed
@@ -32,9 +32,9 @@ dead-lettered too. A lost lease is not dead-lettered: the caller retries with th
 new owner, and a parked message stays parked for it.
 
 Turns of one identity run one at a time under its turn lock; turns of different
-identities run concurrently. Deadlines and fence ages are wall-clock seconds because
+identities run concurrently. Deadlines and sequence ages are wall-clock seconds because
 they are compared with values other processes wrote (``Envelope.deadline`` is a
-``time.time()`` value, fence high-water marks travel with the checkpoint to the next
+``time.time()`` value, sequence high-water marks travel with the checkpoint to the next
 owner); idle accounting uses the runtime's monotonic clock. Both clocks are injected
 so the gates can be tested without sleeping.
 
@@ -64,7 +64,7 @@ from ..errors import (
     LeaseLostError,
     NotAddressableError,
     RayfleetError,
-    StaleFencingTokenError,
+    StaleSequenceError,
     UnknownHandlerError,
     is_retryable,
 )
@@ -73,7 +73,7 @@ from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
 from ..ledger._values import StepEntry, StepJournaled
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
-from ._messages import DeadLetterReason, Envelope
+from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ class Delivery:
             checkpoints, events).
         clock: monotonic seconds, stamped on an entry when a turn starts so the
             runtime can deactivate idle agents.
-        wall_clock: wall-clock seconds for deadlines and conversation fences;
+        wall_clock: wall-clock seconds for deadlines and conversation sequences;
             ``time.time`` unless a test moves time by hand.
         metrics: where messages, dead letters and parked messages are counted.
     """
@@ -222,7 +222,7 @@ class Delivery:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
     ) -> TurnResult:
         """Build an :class:`Envelope` and deliver it (see :meth:`deliver_envelope`).
 
@@ -231,7 +231,7 @@ class Delivery:
         """
         return await self.deliver_envelope(Envelope(
             target=identity, method=method, args=tuple(args), kwargs=dict(kwargs or {}), sender=sender,
-            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, fence=fence,
+            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, sequence=sequence,
         ))
 
     async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
@@ -247,7 +247,7 @@ class Delivery:
             NotAddressableError: an outside caller tried an ``INTERNAL_ONLY`` agent.
             OwnedElsewhere: another live host holds the lease (internal; the caller re-routes).
             HostDraining: this host takes no new activations (internal; the caller re-routes).
-            StaleFencingTokenError: the conversation fence is below one already seen.
+            StaleSequenceError: the conversation's sequence is below one already seen.
             DeadlineExceededError: the deadline passed before the turn ran.
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
@@ -316,12 +316,11 @@ class Delivery:
         self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]
     ) -> TurnResult:
         """The gates after pause, then the handler, the commit and the reply (caller holds the turn lock)."""
-        await self._check_fence(entry, envelope)
+        await self._check_sequence(entry, envelope)
         key = envelope.dedup_key()
-        if key is not None:
-            remembered = self._remembered_reply(entry, key)
-            if remembered is not None:
-                return remembered
+        remembered = self._remembered_reply(entry, envelope.message_key() if key is None else key)
+        if remembered is not None:
+            return remembered
         await self._check_deadline(envelope)
         await self._activations.ensure_healthy_lease(entry)
         value, usage = await self._run_with_retries(entry, envelope, info, bound)
@@ -337,6 +336,8 @@ class Delivery:
                 # Answered before it is durable: the key is exactly as durable as the
                 # State it guards, and both are committed together later.
                 entry.dedup.insert(key, reply)
+        elif entry.dirty:
+            self._remember_message(entry, envelope, value, usage, every_turn=every_turn)
         step: StepJournaled | None = None
         if entry.dirty and every_turn:
             if key is not None and envelope.journal is not None:
@@ -346,23 +347,41 @@ class Delivery:
             step = await self._activations.commit(entry)
         return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
 
-    async def _check_fence(self, entry: HostedAgent, envelope: Envelope) -> None:
-        """Refuse (and dead-letter) a conversation fence below the high-water mark; an equal one passes."""
-        if envelope.fence is None or envelope.conversation is None:
+    async def _check_sequence(self, entry: HostedAgent, envelope: Envelope) -> None:
+        """Refuse (and dead-letter) a conversation sequence below the high-water mark; an equal one passes."""
+        if envelope.sequence is None or envelope.conversation is None:
             return
-        previous = entry.fences.high_water(envelope.conversation)
-        if not entry.fences.accept(envelope.conversation, envelope.fence, self._wall_clock()):
-            current = entry.fences.high_water(envelope.conversation) or 0
-            error = StaleFencingTokenError(identity=envelope.target, presented=envelope.fence, current=current)
-            await self._dead_letter(envelope, DeadLetterReason.STALE_FENCE, error.message, attempts=0)
+        previous = entry.sequences.high_water(envelope.conversation)
+        if not entry.sequences.accept(envelope.conversation, envelope.sequence, self._wall_clock()):
+            current = entry.sequences.high_water(envelope.conversation) or 0
+            error = StaleSequenceError(identity=envelope.target, conversation=envelope.conversation,
+                                       presented=envelope.sequence, current=current)
+            await self._dead_letter(envelope, DeadLetterReason.STALE_SEQUENCE, error.message, attempts=0)
             raise error
-        if previous != envelope.fence:
+        if previous != envelope.sequence:
             # A raised high-water mark must outlive this owner even when the turn changes no State.
             entry.dirty = True
 
+    @staticmethod
+    def _remember_message(
+        entry: HostedAgent, envelope: Envelope, value: Any, usage: Usage, *, every_turn: bool,
+    ) -> None:
+        """Remember the reply of a state-changing turn without a key under its message key (see ``recent_messages``).
+
+        A reply too large to carry in every checkpoint is remembered in the ledger's
+        dedup window instead, as an idempotency key would be.
+        """
+        key, reply = envelope.message_key(), cloudpickle.dumps((value, usage))
+        if len(reply) <= RECENT_REPLY_LIMIT:
+            entry.recent_messages.insert(key, reply)
+            return
+        entry.pending_dedup.append((key, reply))
+        if not every_turn:
+            entry.dedup.insert(key, reply)
+
     def _remembered_reply(self, entry: HostedAgent, key: str) -> TurnResult | None:
-        """The original reply to ``key`` if the dedup window still holds it, else ``None``."""
-        original = entry.dedup.get(key)
+        """The original reply to ``key`` if the dedup window or the message-id window holds it, else ``None``."""
+        original = entry.dedup.get(key) or entry.recent_messages.get(key)
         if original is None:
             return None
         self.counters.duplicates += 1
@@ -413,7 +432,7 @@ class Delivery:
                 self.counters.handler_errors += 1
                 retry = is_retryable(error) and attempt + 1 < policy.max_attempts
                 if retry:
-                    await asyncio.sleep(policy.delay_for(attempt))
+                    await asyncio.sleep(policy.delay_after(error, attempt))
                     continue
                 failure = HandlerError(
                     identity=envelope.target,

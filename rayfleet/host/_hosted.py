@@ -18,7 +18,7 @@ from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
 from ..ledger._values import StepEntry, StepJournaled
-from ._messages import DedupWindow, FenceMap
+from ._messages import RECENT_MESSAGES, ConversationSequences, DedupWindow
 
 
 class OwnedElsewhere(Exception):
@@ -72,9 +72,16 @@ class HostedAgent:
 
     Under ``EVERY_TURN`` a key joins ``dedup`` only once that commit succeeded; under
     the other durabilities it is in ``dedup`` at once, as unsaved as the State it guards."""
+    recent_messages: DedupWindow = field(default_factory=lambda: DedupWindow(RECENT_MESSAGES))
+    """Replies of the last state-changing turns without an idempotency key, by message key.
+
+    Saved beside the State in each checkpoint, so the next owner answers a router's
+    re-send of one of them with its reply instead of running it again. Under
+    ``EVERY_TURN`` a turn's message joins it before its commit: a commit that does not
+    land takes the entry out of service, window and all."""
     pending_step: StepEntry | None = None
     """A workflow step's output to journal with the next commit (an ``EVERY_TURN`` turn's, so one at most)."""
-    fences: FenceMap = field(default_factory=FenceMap)
+    sequences: ConversationSequences = field(default_factory=ConversationSequences)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""
     handler_task: asyncio.Future[Any] | None = None

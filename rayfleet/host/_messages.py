@@ -1,11 +1,11 @@
-"""Delivery values and bounded maps: envelopes, dead letters, parked messages, dedup window, fence map.
+"""Delivery values and bounded maps: envelopes, dead letters, parked messages, dedup window, conversation sequences.
 
 These are plain data structures, so their arithmetic is tested without a host; the
 delivery path in ``_delivery.py`` uses them. An ``Envelope`` is validated when it is
 built, so a malformed message is refused where it enters instead of failing inside
 a host, and it pickles whole, so a parked or dead-lettered message is stored exactly
 as it was sent. Both per-agent maps are bounded: the dedup window holds a fixed
-number of keys, and the fence map sweeps idle conversations once it passes a soft
+number of keys, and the conversation sequences sweep idle conversations once it passes a soft
 cap, so neither grows with the traffic an agent has ever seen.
 """
 
@@ -24,10 +24,18 @@ from ..errors import InvalidSpecError
 from ..identity._values import DEFAULT_DEDUP_CAPACITY
 
 DEDUP_SCOPE_SEPARATOR = "\x1f"
-FENCE_MAP_SOFT_CAP = 16_384
-FENCE_ENTRY_TTL = 600.0
-FENCE_SWEEP_INTERVAL = 1.0
+SEQUENCE_MAP_SOFT_CAP = 16_384
+SEQUENCE_ENTRY_TTL = 600.0
+SEQUENCE_SWEEP_INTERVAL = 1.0
 EXTERNAL_SENDER = "external"
+RECENT_MESSAGES = 16
+"""Message ids of an agent's last state-changing turns without an idempotency key, remembered with its checkpoint.
+
+A router sends one envelope again only when the host it sent it to died: the turns that
+host committed without getting their replies out are the last few of each identity (its
+turns run one at a time), so a short window covers them."""
+RECENT_REPLY_LIMIT = 1024
+"""Largest pickled reply kept in the message-id window; a larger one is remembered in the ledger's dedup window."""
 
 
 class DeadLetterReason(str, enum.Enum):
@@ -39,11 +47,17 @@ class DeadLetterReason(str, enum.Enum):
     """The handler raised a non-retryable error."""
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     RETRIES_EXHAUSTED = "RETRIES_EXHAUSTED"
-    STALE_FENCE = "STALE_FENCE"
+    STALE_SEQUENCE = "STALE_SEQUENCE"
+    """A conversation sequence lower than one the agent already saw (``StaleSequenceError``)."""
     CANCELLED = "CANCELLED"
     """Parked work dropped by ``fleet.cancel_parked``."""
     DELETED = "DELETED"
     """Parked work of an identity that was deleted."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> DeadLetterReason | None:
+        # Ledgers written before the conversation sequence had its own word hold "STALE_FENCE".
+        return cls.STALE_SEQUENCE if value == "STALE_FENCE" else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,8 +74,8 @@ class Envelope:
     deadline: float | None = None
     """Wall-clock seconds (``time.time()``) after which the message is dead-lettered unhandled."""
     conversation: str | None = None
-    fence: int | None = None
-    """The conversation's fence; a lower fence than one already seen is refused."""
+    sequence: int | None = None
+    """The message's place in its conversation; a sequence lower than one already seen is refused."""
     message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     sent_at: float = field(default_factory=time.time)
     chain: tuple[str, ...] = ()
@@ -100,10 +114,18 @@ class Envelope:
             return None
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}{self.idempotency_key}"
 
+    def message_key(self) -> str:
+        """The implicit key of a message without an idempotency key: its message id, unique to this envelope.
+
+        Only the platform sends one envelope twice (a router's re-send after the host it
+        went to died); a caller's own retry is a new envelope with a new id.
+        """
+        return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}message{DEDUP_SCOPE_SEPARATOR}{self.message_id}"
+
     def wire(self) -> EnvelopeWire:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
         return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
-                self.conversation, self.fence, self.message_id, self.sent_at, self.chain, self.journal)
+                self.conversation, self.sequence, self.message_id, self.sent_at, self.chain, self.journal)
 
     @classmethod
     def from_wire(cls, wire: object) -> Envelope:
@@ -156,17 +178,17 @@ def _envelope_problem(envelope: Envelope) -> str:
     if (isinstance(envelope.sent_at, bool) or not isinstance(envelope.sent_at, (int, float))
             or not math.isfinite(envelope.sent_at)):
         return f"sent_at must be a time.time() value, got {envelope.sent_at!r}"
-    if envelope.fence is not None and (isinstance(envelope.fence, bool) or not isinstance(envelope.fence, int)
-                                       or envelope.fence < 0):
-        return f"fence must be a non-negative integer or None, got {envelope.fence!r}"
+    if envelope.sequence is not None and (isinstance(envelope.sequence, bool) or not isinstance(envelope.sequence, int)
+                                       or envelope.sequence < 0):
+        return f"sequence must be a non-negative integer or None, got {envelope.sequence!r}"
     journal = envelope.journal
     if journal is not None and not (
         isinstance(journal, tuple) and len(journal) == 3 and all(isinstance(part, str) and part for part in journal[:2])
         and isinstance(journal[2], int) and not isinstance(journal[2], bool)
     ):
         return f"journal must be (run_id, step label, run token) or None, got {journal!r}"
-    if (envelope.fence is None) != (envelope.conversation is None) and envelope.fence is not None:
-        return "a fence needs a conversation: pass conversation= with fence="
+    if (envelope.sequence is None) != (envelope.conversation is None) and envelope.sequence is not None:
+        return "a sequence needs a conversation: pass conversation= with sequence="
     return ""
 
 
@@ -227,11 +249,15 @@ class DedupWindow:
         self._replies[key] = reply
         return True
 
+    def items(self) -> list[tuple[str, bytes]]:
+        """The remembered keys with their replies, oldest first."""
+        return [] if self._replies is None else list(self._replies.items())
 
-class FenceMap:
-    """Highest fence seen per conversation, bounded by a soft cap and an idle sweep.
 
-    ``accept`` refuses a fence lower than the conversation's high-water mark and
+class ConversationSequences:
+    """Highest sequence seen per conversation, bounded by a soft cap and an idle sweep.
+
+    ``accept`` refuses a sequence lower than the conversation's high-water mark and
     accepts an equal one (the same holder's retry; dedup handles the duplicate). When
     the map grows past the soft cap, entries idle for ``ttl`` seconds are swept, at
     most once per ``sweep_interval``.
@@ -240,8 +266,8 @@ class FenceMap:
     __slots__ = ("_entries", "_last_sweep", "soft_cap", "sweep_interval", "ttl")
 
     def __init__(
-        self, *, soft_cap: int = FENCE_MAP_SOFT_CAP, ttl: float = FENCE_ENTRY_TTL,
-        sweep_interval: float = FENCE_SWEEP_INTERVAL,
+        self, *, soft_cap: int = SEQUENCE_MAP_SOFT_CAP, ttl: float = SEQUENCE_ENTRY_TTL,
+        sweep_interval: float = SEQUENCE_SWEEP_INTERVAL,
     ) -> None:
         self.soft_cap = soft_cap
         self.ttl = ttl
@@ -256,14 +282,14 @@ class FenceMap:
         entry = self._entries.get(conversation)
         return None if entry is None else entry[0]
 
-    def accept(self, conversation: str, fence: int, now: float) -> bool:
+    def accept(self, conversation: str, sequence: int, now: float) -> bool:
         if len(self._entries) > self.soft_cap and now - self._last_sweep > self.sweep_interval:
             self._last_sweep = now
             self._entries = {c: e for c, e in self._entries.items() if now - e[1] < self.ttl}
         current = self._entries.get(conversation)
-        if current is not None and fence < current[0]:
+        if current is not None and sequence < current[0]:
             return False  # a refusal does not refresh the entry's age
-        self._entries[conversation] = (fence, now)
+        self._entries[conversation] = (sequence, now)
         return True
 
     def export(self) -> dict[str, tuple[int, float]]:

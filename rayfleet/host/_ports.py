@@ -33,7 +33,7 @@ class MessageOutcome(str, enum.Enum):
     HANDLER_ERROR = "HANDLER_ERROR"
     """The handler failed for good (the message was dead-lettered)."""
     REFUSED = "REFUSED"
-    """A gate refused it before or instead of the handler (addressability, lifecycle, arguments, fence,
+    """A gate refused it before or instead of the handler (addressability, lifecycle, arguments, sequence,
     deadline, unknown handler, ...)."""
     LEASE_LOST = "LEASE_LOST"
     """Ownership moved during the turn; the caller retries with the new owner."""

@@ -280,7 +280,7 @@ class _AgentContext:
         return self._entry.record.generation
 
     @property
-    def fence(self) -> int:
+    def fencing_token(self) -> int:
         return self._entry.grant.fencing_token
 
     @property
@@ -317,7 +317,7 @@ class _RuntimeActivations:
         """The commit of a turn before its reply: if it fails, the turn must not have happened.
 
         The agent is taken out of service (lease released), so its next message activates
-        it again from the last committed State, dedup window and fences; otherwise the
+        it again from the last committed State, dedup window and conversation sequences; otherwise the
         refused turn's effect would ride along with the next commit and a retry under the
         same idempotency key would be answered from memory as if it had been committed.
         """
@@ -348,7 +348,7 @@ class HostRuntime:
         idle_timeout: seconds without a turn before an agent is deactivated.
         clock: monotonic seconds for lease ages, idle and checkpoint intervals.
         wall_clock: wall-clock seconds for message deadlines and conversation
-            fences, which are compared with ``time.time()`` values from other processes.
+            conversation sequences, which are compared with ``time.time()`` values from other processes.
         incarnation: the suffix of the lease holder id; random unless given, so a
             restarted host never passes for its previous incarnation.
         metrics: where the host's messages, leases and checkpoints are counted for
@@ -495,12 +495,12 @@ class HostRuntime:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
     ) -> TurnResult:
         """Build an :class:`Envelope` and deliver it; see :meth:`Delivery.deliver_envelope`."""
         return await self._delivery.deliver(
             identity, method, args, kwargs, sender=sender, idempotency_key=idempotency_key, deadline=deadline,
-            conversation=conversation, fence=fence,
+            conversation=conversation, sequence=sequence,
         )
 
     async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
@@ -686,7 +686,8 @@ class HostRuntime:
             log.warning("reading the outcome of a checkpoint of %s failed: %s", entry.spec.identity, error)
             return False
         record = None if view is None else view.continuity
-        return record is not None and record.checkpoint_version == version and record.fence == entry.grant.fencing_token
+        return (record is not None and record.checkpoint_version == version
+                and record.fencing_token == entry.grant.fencing_token)
 
     async def _discard_unsaved(self, entry: HostedAgent, keys: list[tuple[str, bytes]], *, why: str) -> None:
         """After a commit that did not land: reload (``EVERY_TURN``) or keep the keys pending with the State."""
@@ -1060,9 +1061,9 @@ class HostRuntime:
             self._unreleased.update(tokens)
             log.warning("releasing leases %s failed (retried with the next renewal): %s", sorted(tokens)[:10], error)
 
-    # -- lifecycle operations (fence before effect) ---------------------------------
+    # -- lifecycle operations (a new token before the effect) -------------------------
 
-    async def _fence(self, identity: str, *, checkpoint: bool, create: bool = False) -> Activation:
+    async def _take_new_token(self, identity: str, *, checkpoint: bool, create: bool = False) -> Activation:
         """Take a new, larger token for ``identity``: every later write by an older owner is refused.
 
         An agent active here is taken out of service first: checkpointed and released
@@ -1088,7 +1089,7 @@ class HostRuntime:
 
     async def retire(self, identity: str) -> int:
         """Deactivate (checkpointing) and mark RETIRING; later calls fail until respawn."""
-        grant = (await self._fence(identity, checkpoint=True)).grant
+        grant = (await self._take_new_token(identity, checkpoint=True)).grant
         try:
             await self._ledger.set_lifecycle(
                 identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_RETIRED
@@ -1101,7 +1102,7 @@ class HostRuntime:
     async def respawn(self, identity: str) -> ContinuityRecord:
         """Bring an identity back (same generation, last committed State) under a new lease."""
         requested_at = self._clock()
-        fenced = await self._fence(identity, checkpoint=True, create=True)
+        fenced = await self._take_new_token(identity, checkpoint=True, create=True)
         await self._ledger.set_lifecycle(
             identity=identity, fencing_token=fenced.grant.fencing_token, lifecycle=PERSISTED_LIVE
         )
@@ -1111,7 +1112,7 @@ class HostRuntime:
     async def reset(self, identity: str) -> ContinuityRecord:
         """Start over: generation + 1, new session, fresh State; unsaved State is discarded."""
         requested_at = self._clock()
-        fenced = await self._fence(identity, checkpoint=False)
+        fenced = await self._take_new_token(identity, checkpoint=False)
         try:
             await self._ledger.reset(identity=identity, fencing_token=fenced.grant.fencing_token)
         except BaseException:
@@ -1142,7 +1143,7 @@ class HostRuntime:
 
     async def delete(self, identity: str) -> None:
         """Remove the identity, its record and lease; its snapshot rows become garbage."""
-        grant = (await self._fence(identity, checkpoint=False)).grant
+        grant = (await self._take_new_token(identity, checkpoint=False)).grant
         await self._ledger.delete(identity=identity, fencing_token=grant.fencing_token)
         self._emit(identity, EventKind.DELETED, fencing_token=grant.fencing_token)
         self._events.close(identity)
@@ -1343,14 +1344,23 @@ class HostRuntime:
 
 
 def _encode_extra(entry: HostedAgent) -> bytes:
-    """Runtime metadata saved beside the State: the conversation fence high-water marks."""
-    fences = entry.fences.export()
-    return cloudpickle.dumps({"fences": fences}) if fences else b""
+    """Runtime metadata saved beside the State: the conversations' sequence high-water marks, and the
+    replies of the last turns without an idempotency key by message key (``HostedAgent.recent_messages``)."""
+    saved: dict[str, Any] = {}
+    if sequences := entry.sequences.export():
+        saved["sequences"] = sequences
+    if messages := entry.recent_messages.items():
+        saved["messages"] = messages
+    return cloudpickle.dumps(saved) if saved else b""
 
 
 def _decode_extra(entry: HostedAgent, extra: bytes) -> None:
     if extra:
-        entry.fences.restore(cloudpickle.loads(extra).get("fences", {}))
+        saved = cloudpickle.loads(extra)
+        # Checkpoints written before the conversation sequence had its own word keep them under "fences".
+        entry.sequences.restore(saved.get("sequences", saved.get("fences", {})))
+        for key, reply in saved.get("messages", ()):
+            entry.recent_messages.insert(key, reply)
 
 
 def holder_host(holder: str) -> str:

@@ -41,7 +41,7 @@ class AgentContext(Protocol):
     def generation(self) -> int: ...
 
     @property
-    def fence(self) -> int: ...
+    def fencing_token(self) -> int: ...
 
     @property
     def peers(self) -> tuple[str, ...]: ...
@@ -56,7 +56,7 @@ class Agent:
 
     Subclasses define a nested ``State(rf.State)`` and ``@rf.handler`` methods.
     Inside a handler, ``self.identity``, ``self.state``, ``self.spec``,
-    ``self.generation``, ``self.fence`` and ``self.peers`` describe the agent, and
+    ``self.generation``, ``self.fencing_token`` and ``self.peers`` describe the agent, and
     ``await self.send(peer, method, **kw)`` and ``await self.checkpoint()`` reach
     the fleet. ``on_activate``/``on_deactivate`` run when the agent is (de)activated.
     """
@@ -103,9 +103,9 @@ class Agent:
         return self._context("generation").generation
 
     @property
-    def fence(self) -> int:
+    def fencing_token(self) -> int:
         """The fencing token this owner holds for the identity."""
-        return self._context("fence").fence
+        return self._context("fencing_token").fencing_token
 
     @property
     def peers(self) -> tuple[str, ...]:

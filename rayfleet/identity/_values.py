@@ -75,7 +75,7 @@ class ContinuityRecord:
     """0 at creation; only reset advances it, by one."""
     checkpoint_version: int
     """0 means never checkpointed; the first checkpoint is 1."""
-    fence: int
+    fencing_token: int
     """The fencing token the record was last written with."""
 
 

@@ -198,7 +198,7 @@ def reset(tx: Transaction, *, identity: str, fencing_token: int) -> ContinuityRe
     generation = 0 if record is None else record.generation + 1
     fresh = ContinuityRecord(
         identity=identity, runtime_id=format_runtime_id(identity, generation), session_id=_leases.new_session_id(),
-        generation=generation, checkpoint_version=0, fence=fencing_token,
+        generation=generation, checkpoint_version=0, fencing_token=fencing_token,
     )
     tx.execute(
         "INSERT INTO continuity (identity, runtime_id, session_id, generation, checkpoint_version, fence, "

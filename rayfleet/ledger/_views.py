@@ -74,7 +74,7 @@ def _continuity_of(
         return None, None
     record = ContinuityRecord(
         identity=identity, runtime_id=runtime_id, session_id=session_id, generation=generation,
-        checkpoint_version=version, fence=fence,
+        checkpoint_version=version, fencing_token=fence,
     )
     pointer = None if file is None or file_row is None else SnapshotPointer(
         file=file, row=file_row, version=version, inline=inline,

@@ -32,7 +32,7 @@ from ..errors import (
     LedgerError,
     PeerCycleError,
     RayfleetError,
-    StaleFencingTokenError,
+    StaleSequenceError,
     UnknownHandlerError,
     is_retryable,
 )
@@ -102,8 +102,8 @@ def _tell_outcome(error: BaseException) -> DeadLetterReason | None:
         return DeadLetterReason.DECODE_FAILED
     if isinstance(error, DeadlineExceededError):
         return DeadLetterReason.DEADLINE_EXCEEDED  # a tell has no timeout: only the host's deadline gate says this
-    if isinstance(error, StaleFencingTokenError):
-        return DeadLetterReason.STALE_FENCE
+    if isinstance(error, StaleSequenceError):
+        return DeadLetterReason.STALE_SEQUENCE
     if not isinstance(error, RayfleetError) or isinstance(error, (LeaseLostError, FleetUnavailableError, LedgerError)):
         return None
     return None if is_retryable(error) else DeadLetterReason.REJECTED

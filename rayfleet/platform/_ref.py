@@ -48,12 +48,12 @@ class AgentRef:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
     ) -> Envelope:
         """The message a call sends (``sender`` is empty: the caller is outside the fleet)."""
         return Envelope(
             target=self.identity, method=handler_name(method), args=args, kwargs=kwargs,
-            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, fence=fence,
+            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, sequence=sequence,
         )
 
     def call(
@@ -65,7 +65,7 @@ class AgentRef:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run handler ``method`` and return its value (blocking).
@@ -77,18 +77,18 @@ class AgentRef:
                 effect once; repeats get the original reply.
             deadline: wall-clock time (``time.time()``) after which the message is not
                 run but dead-lettered.
-            conversation, fence: a message whose fence is lower than one already seen
-                in its conversation is refused (``StaleFencingTokenError``).
+            conversation, sequence: a message whose sequence is lower than one already
+                seen in its conversation is refused (``StaleSequenceError``) and dead-lettered.
 
         Raises:
             HandlerError: the handler raised (remote type, message and traceback inside).
             DeadlineExceededError: no reply within ``timeout`` seconds, or the deadline passed.
             UnknownIdentityError, UnknownHandlerError, InvalidArgumentsError,
-            InvalidStateError, NotAddressableError, StaleFencingTokenError,
+            InvalidStateError, NotAddressableError, StaleSequenceError,
             LeaseLostError, FleetUnavailableError.
         """
         envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
+                                 conversation=conversation, sequence=sequence)
         return send(self._courier, envelope, timeout=timeout)
 
     async def ask(
@@ -100,12 +100,12 @@ class AgentRef:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
         **kwargs: Any,
     ) -> Any:
         """``call``, awaited."""
         envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
+                                 conversation=conversation, sequence=sequence)
         return await self._courier.route_async(self.identity, deliver_request(envelope), method=envelope.method,
                                                timeout=timeout)
 
@@ -117,7 +117,7 @@ class AgentRef:
         idempotency_key: str | None = None,
         deadline: float | None = None,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
         **kwargs: Any,
     ) -> None:
         """Send without waiting for the turn; returns once the ledger holds the message.
@@ -133,7 +133,7 @@ class AgentRef:
             InvalidSpecError: the message is malformed.
         """
         envelope = self.envelope(method, args, kwargs, idempotency_key=idempotency_key, deadline=deadline,
-                                 conversation=conversation, fence=fence)
+                                 conversation=conversation, sequence=sequence)
         self._courier.route_sync(self.identity, tell_request(envelope), method=envelope.method)
 
     def status(self) -> IdentityStatus:

@@ -63,12 +63,12 @@ class RayDispatcher:
 
     async def call(
         self, *, target: str, method: str, payload: Mapping[str, Any], idempotency_key: str, timeout: float,
-        conversation: str | None = None, fence: int | None = None, journal: JournalWith | None = None,
+        conversation: str | None = None, sequence: int | None = None, journal: JournalWith | None = None,
     ) -> StepReply:
         """One routed turn; with ``journal``, an ``EVERY_TURN`` agent's host journals the reply with its commit."""
         envelope = Envelope(
             target=target, method=method, kwargs=dict(payload), sender=self._sender,
-            idempotency_key=idempotency_key, conversation=conversation, fence=fence,
+            idempotency_key=idempotency_key, conversation=conversation, sequence=sequence,
             journal=None if journal is None else (journal.run_id, journal.label, journal.token),
         )
         wire = await self._courier.route_async(target, dispatch_request(envelope), method=method, timeout=timeout)

@@ -383,7 +383,7 @@ class StepHandle:
         return self._replace(verifier=fn)
 
     def retry(self, policy: RetryPolicy) -> StepHandle:
-        """Retry retryable dispatch errors (timeouts, connection errors, ``rf.Retryable``) per ``policy``."""
+        """Retry retryable dispatch errors (timeouts, connection errors, ``rf.RetryableError``) per ``policy``."""
         return self._replace(retry=policy)
 
     def timeout(self, seconds: float) -> StepHandle:

@@ -99,7 +99,7 @@ class Dispatcher(Protocol):
         idempotency_key: str,
         timeout: float,
         conversation: str | None = None,
-        fence: int | None = None,
+        sequence: int | None = None,
         journal: JournalWith | None = None,
     ) -> tuple[Any, Usage] | StepReply:
         """Call ``method`` on ``target``; return ``(output, usage)`` or a :class:`StepReply`.
@@ -669,7 +669,7 @@ class WorkflowEngine:
 
     async def _call(
         self, *, target: str, method: str, payload: dict[str, Any], key: str, timeout: float,
-        conversation: str | None = None, fence: int | None = None, journal: JournalWith | None = None,
+        conversation: str | None = None, sequence: int | None = None, journal: JournalWith | None = None,
     ) -> tuple[Any, int, StepJournaled | None]:
         deadline = time.monotonic() + timeout
         for resend in range(INFRASTRUCTURE_RETRY.max_attempts):
@@ -678,7 +678,7 @@ class WorkflowEngine:
                 result = await within(
                     self._dispatcher.call(
                         target=target, method=method, payload=payload, idempotency_key=key, timeout=remaining,
-                        conversation=conversation, fence=fence, journal=journal,
+                        conversation=conversation, sequence=sequence, journal=journal,
                     ),
                     remaining + TIMEOUT_GRACE,
                 )
@@ -741,11 +741,11 @@ class WorkflowEngine:
         """One dispatch under the step's fenced lease; verify and journal before releasing it."""
         holder = f"workflow:{self.run_id}:{step.label}:{attempt}"
         # The lease covers the dispatch (bounded by its timeout), then verification and journaling.
-        fence = await self._step_lease(step, holder, ttl=timeout + TIMEOUT_GRACE + self._lease_ttl)
+        step_token = await self._step_lease(step, holder, ttl=timeout + TIMEOUT_GRACE + self._lease_ttl)
         try:
             output, tokens, journaled = await self._call(
                 target=target, method=step.call, payload=payload, key=key, timeout=timeout,
-                conversation=f"{self.run_id}/{step.label}", fence=fence, journal=self._journal_with(step),
+                conversation=f"{self.run_id}/{step.label}", sequence=step_token, journal=self._journal_with(step),
             )
             await self._finalize(step, output, tokens, (target,), journaled)
             return output, tokens, journaled
@@ -753,7 +753,7 @@ class WorkflowEngine:
             # Always released, on every path; a release error must not
             # mask the step's own result, and the lease lapses by TTL anyway.
             try:
-                await self._journal.release_step_lease(self.run_id, step.label, holder, fence)
+                await self._journal.release_step_lease(self.run_id, step.label, holder, step_token)
             except Exception as error:  # noqa: BLE001 - must not mask the step's own result
                 logger.warning("releasing the lease of step %r of run %r failed: %s", step.label, self.run_id, error)
 

@@ -1,4 +1,4 @@
-"""Delivery guarantees on a live fleet: idempotency, conversation fences, deadlines,
+"""Delivery guarantees on a live fleet: idempotency, conversation sequences, deadlines,
 retries, dead letters, durable pause / park / resume / cancel, and bad input.
 
 Mirrors tests/unit/identity/test_pipeline.py through the public API and real host
@@ -61,12 +61,12 @@ class Account(rf.Agent):
 
     @rf.handler
     def flaky_add(self, n: int, counter: str, failures: int) -> int:
-        """Fails with Retryable the first ``failures`` attempts; the count lives in a file."""
+        """Fails with RetryableError the first ``failures`` attempts; the count lives in a file."""
         path = Path(counter)
         attempts = int(path.read_text()) if path.exists() else 0
         path.write_text(str(attempts + 1))
         if attempts < failures:
-            raise rf.Retryable(f"upstream busy (attempt {attempts + 1})")
+            raise rf.RetryableError(f"upstream busy (attempt {attempts + 1})")
         self.state.total += n
         return self.state.total
 
@@ -168,50 +168,50 @@ def test_lost_reply_then_host_kill_retry_gets_original_reply(fleet: rf.Fleet) ->
     assert letters_of(fleet, identity) == []
 
 
-# -- 3. conversation fences ------------------------------------------------------------
+# -- 3. conversation sequences ------------------------------------------------------------
 
 
 @pytest.mark.timeout(120)
-def test_stale_conversation_fences_are_refused_and_dead_lettered(fleet: rf.Fleet) -> None:
-    identity = "fence/acct"
+def test_stale_conversation_sequences_are_refused_and_dead_lettered(fleet: rf.Fleet) -> None:
+    identity = "sequence/acct"
     ref = spawn(fleet, identity)
-    assert ref.call("add", n=1, conversation="c", fence=3) == 1
-    assert ref.call("add", n=1, conversation="c", fence=3) == 2  # equal: accepted (and run)
-    with pytest.raises(rf.StaleFencingTokenError) as refused:
-        ref.call("add", n=100, note="stale", conversation="c", fence=2)
+    assert ref.call("add", n=1, conversation="c", sequence=3) == 1
+    assert ref.call("add", n=1, conversation="c", sequence=3) == 2  # equal: accepted (and run)
+    with pytest.raises(rf.StaleSequenceError) as refused:
+        ref.call("add", n=100, note="stale", conversation="c", sequence=2)
     assert "stale" in str(refused.value)
     assert ref.call("get")["total"] == 2  # the stale message did not run
-    # Conversations are independent; a higher fence moves the mark up.
-    assert ref.call("add", n=1, conversation="other", fence=1) == 3
-    assert ref.call("add", n=1, conversation="c", fence=4) == 4
-    with pytest.raises(rf.StaleFencingTokenError):
-        ref.call("add", n=1, conversation="c", fence=3)
+    # Conversations are independent; a higher sequence moves the mark up.
+    assert ref.call("add", n=1, conversation="other", sequence=1) == 3
+    assert ref.call("add", n=1, conversation="c", sequence=4) == 4
+    with pytest.raises(rf.StaleSequenceError):
+        ref.call("add", n=1, conversation="c", sequence=3)
 
     letters = letters_of(fleet, identity)
-    assert [letter.reason for letter in letters] == [rf.DeadLetterReason.STALE_FENCE] * 2
+    assert [letter.reason for letter in letters] == [rf.DeadLetterReason.STALE_SEQUENCE] * 2
     first = letters[0]
     assert first.identity == identity and first.attempts == 0
     assert first.envelope.method == "add" and first.envelope.kwargs == {"n": 100, "note": "stale"}
-    assert (first.envelope.conversation, first.envelope.fence) == ("c", 2)
+    assert (first.envelope.conversation, first.envelope.sequence) == ("c", 2)
 
     # The high-water mark is committed with the checkpoint: it holds on the next owner.
     kill_owner(fleet, identity)
-    with pytest.raises(rf.StaleFencingTokenError):
-        ref.call("add", n=1000, conversation="c", fence=3, timeout=60)
-    assert ref.call("add", n=1, conversation="c", fence=4, timeout=60) == 5
+    with pytest.raises(rf.StaleSequenceError):
+        ref.call("add", n=1000, conversation="c", sequence=3, timeout=60)
+    assert ref.call("add", n=1, conversation="c", sequence=4, timeout=60) == 5
 
 
 @pytest.mark.timeout(120)
-def test_fence_seen_on_a_read_only_turn_survives_failover(fleet: rf.Fleet) -> None:
-    identity = "fence/read"
+def test_sequence_seen_on_a_read_only_turn_survives_failover(fleet: rf.Fleet) -> None:
+    identity = "sequence/read"
     ref = spawn(fleet, identity)
-    assert ref.call("add", n=1, conversation="r", fence=1) == 1  # committed with {r: 1}
-    assert ref.call("get", conversation="r", fence=5)["total"] == 1  # a read raises the mark to 5
-    with pytest.raises(rf.StaleFencingTokenError):
-        ref.call("add", n=10, conversation="r", fence=4)  # refused by the live owner
+    assert ref.call("add", n=1, conversation="r", sequence=1) == 1  # committed with {r: 1}
+    assert ref.call("get", conversation="r", sequence=5)["total"] == 1  # a read raises the mark to 5
+    with pytest.raises(rf.StaleSequenceError):
+        ref.call("add", n=10, conversation="r", sequence=4)  # refused by the live owner
     kill_owner(fleet, identity)
-    with pytest.raises(rf.StaleFencingTokenError):  # ...but the next owner only knows fence 1
-        ref.call("add", n=100, conversation="r", fence=3, timeout=60)
+    with pytest.raises(rf.StaleSequenceError):  # ...but the next owner only knows sequence 1
+        ref.call("add", n=100, conversation="r", sequence=3, timeout=60)
 
 
 # -- 4. deadlines ----------------------------------------------------------------------
@@ -284,7 +284,7 @@ def test_poison_message_is_dead_lettered_and_the_agent_keeps_serving(fleet: rf.F
     counter = tmp_path / "attempts.txt"
     with pytest.raises(rf.HandlerError, match="upstream busy") as exhausted:
         ref.call("flaky_add", n=50, counter=str(counter), failures=10)
-    assert exhausted.value.remote_type.endswith("Retryable")
+    assert exhausted.value.remote_type.endswith("RetryableError")
     assert counter.read_text() == str(FAST_RETRY.max_attempts)
     last = letters_of(fleet, identity)[-1]
     assert last.reason is rf.DeadLetterReason.RETRIES_EXHAUSTED
@@ -568,7 +568,7 @@ def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(fleet: rf.Fleet
             ref.tell("echo", value=value)
     # A malformed message is refused where it is built.
     with pytest.raises(rf.InvalidSpecError, match="conversation"):
-        ref.call("add", n=1, fence=3)  # a fence needs a conversation
+        ref.call("add", n=1, sequence=3)  # a sequence needs a conversation
     with pytest.raises(rf.InvalidSpecError, match="method"):
         rf.Envelope(target=identity, method="not a handler!")
     assert ref.call("add", n=1) == 2

@@ -52,7 +52,7 @@ def forge(**fields: Any) -> rf.Envelope:
     """An Envelope whose fields were never validated (what unpickling a forged one gives the host)."""
     envelope = object.__new__(rf.Envelope)
     base = {"target": "vault/a", "method": "get", "args": (), "kwargs": {}, "sender": None, "idempotency_key": None,
-            "deadline": None, "conversation": None, "fence": None, "message_id": "m-1", "sent_at": time.time(),
+            "deadline": None, "conversation": None, "sequence": None, "message_id": "m-1", "sent_at": time.time(),
             "chain": (), "journal": None}
     for name, value in {**base, **fields}.items():
         object.__setattr__(envelope, name, value)
@@ -81,7 +81,7 @@ def test_a_host_actor_refuses_garbage_with_typed_errors_and_keeps_serving(make_f
     @example(payload=forge(method="add", kwargs={"n": "many"}))
     @example(payload=forge(method=None))
     @example(payload=forge(deadline=math.nan))
-    @example(payload=forge(fence=-5, conversation="c"))
+    @example(payload=forge(sequence=-5, conversation="c"))
     @example(payload=forge(target="someone/else"))
     def check(payload: Any) -> None:
         kind, answer = ray.get(actor.deliver.remote("vault/a", payload), timeout=60)

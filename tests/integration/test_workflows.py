@@ -187,7 +187,7 @@ class Flaky(rf.Agent):
     async def reserve(self, flag: str, **_: object) -> dict[str, Any]:
         if os.path.exists(flag):
             os.remove(flag)
-            raise rf.Retryable("transient failure, try again")
+            raise rf.RetryableError("transient failure, try again")
         self.state.calls += 1
         return {"by": self.identity, "calls": self.state.calls}
 
@@ -697,15 +697,15 @@ def test_exclusive_step_fences_out_a_stale_holder(fleet: rf.Fleet, tmp_path: Pat
 
     conversation = "fenced-1/flight"
     for stale in (0, 1):
-        with pytest.raises(rf.StaleFencingTokenError) as caught:
-            flaky.call("reserve", flag=str(flag), conversation=conversation, fence=stale, timeout=WAIT)
+        with pytest.raises(rf.StaleSequenceError) as caught:
+            flaky.call("reserve", flag=str(flag), conversation=conversation, sequence=stale, timeout=WAIT)
         assert (caught.value.presented, caught.value.current) == (stale, 2)
     assert report(fleet, "desk/flaky")["calls"] == 1  # the refused calls never ran
     letters = fleet.dead_letters("desk/flaky")
-    assert [letter.reason for letter in letters].count(rf.DeadLetterReason.STALE_FENCE) == 2
+    assert [letter.reason for letter in letters].count(rf.DeadLetterReason.STALE_SEQUENCE) == 2
     # The current holder's fence (and a later one) still passes; other conversations are unaffected.
-    assert flaky.call("reserve", flag=str(flag), conversation=conversation, fence=2, timeout=WAIT)["calls"] == 2
-    assert flaky.call("reserve", flag=str(flag), conversation="other-run/flight", fence=0, timeout=WAIT)["calls"] == 3
+    assert flaky.call("reserve", flag=str(flag), conversation=conversation, sequence=2, timeout=WAIT)["calls"] == 2
+    assert flaky.call("reserve", flag=str(flag), conversation="other-run/flight", sequence=0, timeout=WAIT)["calls"] == 3
 
 
 @pytest.mark.timeout(180)
@@ -727,8 +727,8 @@ def test_exclusive_step_reassigns_on_timeout(fleet: rf.Fleet, tmp_path: Path) ->
     assert outcome.invocations == 1  # one step, whatever its reassignments
     assert report(fleet, "desk/b")["votes"] == 1
     # The reassignment took a new, larger fence: desk/b now refuses the first dispatch's fence.
-    with pytest.raises(rf.StaleFencingTokenError):
-        fleet.agent("desk/b").call("vote", conversation="reassign-1/book", fence=1, timeout=WAIT)
+    with pytest.raises(rf.StaleSequenceError):
+        fleet.agent("desk/b").call("vote", conversation="reassign-1/book", sequence=1, timeout=WAIT)
     # The timed-out holder finishes once released; its late reply was ignored.
     wait_until(lambda: report(fleet, "desk/a")["votes"] == 1, what="desk/a to finish")
     assert outcome.outputs["book"] == {"by": "desk/b"}

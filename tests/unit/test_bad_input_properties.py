@@ -141,7 +141,7 @@ def test_valid_agent_specs_are_accepted(labels: dict, peers: list, interval: flo
 # --------------------------------------------------------------------------- envelopes
 
 ENVELOPE_FIELDS = ["target", "method", "args", "kwargs", "sender", "idempotency_key", "deadline", "conversation",
-                   "fence", "message_id", "sent_at"]
+                   "sequence", "message_id", "sent_at"]
 
 
 @SETTINGS

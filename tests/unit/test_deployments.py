@@ -8,7 +8,7 @@
   repeated subtrees shared; see vendor_crds.py), with unknown fields refused as
   ``kubectl apply --validate=strict`` does, and against the rules KubeRay's operator
   enforces in ``ray-operator/controllers/ray/utils/validation.go`` (transcribed below).
-* Every ``python -m rayfleet.jobs.<name>`` they (and the README) name is a job module,
+* Every ``python -m rayfleet.jobs.<name>`` they (and the README and docs/) name is a job module,
   with options the job has and files that exist where the job will look for them.
 """
 
@@ -373,7 +373,7 @@ ENTRYPOINT = re.compile(r"python -m (rayfleet\.jobs\.\w+)((?:[ \t]+(?!#)[^\s'\"`
 
 def _entrypoints() -> list[tuple[str, str, list[str]]]:
     found = []
-    sources = [*sorted(DEPLOYMENTS.rglob("*")), ROOT / "README.md"]
+    sources = [*sorted(DEPLOYMENTS.rglob("*")), ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     for path in sources:
         if path.is_file() and path.suffix in (".yaml", ".yml", ".md", ""):
             for match in ENTRYPOINT.finditer(path.read_text()):

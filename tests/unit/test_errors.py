@@ -37,7 +37,9 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
                         remote_traceback=""),
         rf.DeadlineExceededError(identity="a", method="m", timeout=1.0),
         rf.UnknownDeadLetterError(letter_id=3),
-        rf.Retryable(),
+        rf.StaleSequenceError(identity="a", conversation="c", presented=1, current=2),
+        rf.RetryableError("rate limited", retry_after=2.5),
+        rf.RetryableError(),
     ],
     rf.WorkflowError: [
         rf.StepFailedError(step="s1", detail="boom"),
@@ -119,7 +121,7 @@ def test_every_error_pickles_with_its_type_message_and_fields(error: rf.Rayfleet
         (rf.DeadlineExceededError(identity="a", method="m", timeout=1.0), TimeoutError),
         (rf.ModelTimeoutError(url=URL, timeout=1.0), TimeoutError),
         (rf.UsageError("no", api="x"), RuntimeError),
-        (rf.NotInAgentContextError(attribute="fence"), RuntimeError),
+        (rf.NotInAgentContextError(attribute="fencing_token"), RuntimeError),
         (rf.UnknownHandlerError(identity="a", method="m", available=()), AttributeError),
         (rf.InvalidArgumentsError(identity="a", method="m", detail="d"), TypeError),
     ],
@@ -182,7 +184,7 @@ def test_model_errors_name_the_url_not_an_identity() -> None:
 @pytest.mark.parametrize(
     ("error", "direct", "through_fleet"),
     [
-        (rf.Retryable("busy"), True, True),
+        (rf.RetryableError("busy"), True, True),
         (TimeoutError(), True, True),
         (rf.DeadlineExceededError(identity="a", method="m", timeout=1.0), True, True),
         (rf.ModelTimeoutError(url=URL, timeout=1.0), True, True),
@@ -191,7 +193,7 @@ def test_model_errors_name_the_url_not_an_identity() -> None:
         (rf.LedgerUnavailableError(location="sqlite:///l.sqlite", detail="database is locked"), True, True),
         (ValueError("no"), False, False),
         (rf.StepFailedError(step="s", detail="d"), False, False),
-        (rf.HandlerError(identity="a", method="m", remote_type="rayfleet.errors.Retryable", remote_message="",
+        (rf.HandlerError(identity="a", method="m", remote_type="rayfleet.errors.RetryableError", remote_message="",
                          remote_traceback=""), False, True),
         (rf.HandlerError(identity="a", method="m", remote_type="builtins.ValueError", remote_message="",
                          remote_traceback=""), False, False),

@@ -16,9 +16,9 @@ EXPECTED_NAMES = {
     "HandlerError", "IdentityEvent", "IdentityStatus", "InvalidArgumentsError", "InvalidSpecError",
     "InvalidStateError", "LeaseInfo", "LeaseLostError", "LifecycleState", "NotAddressableError",
     "NotInAgentContextError", "NotWiredError", "PeerCycleError", "RayfleetError", "Reply", "RunCancelledError", "SnapshotError",
-    "StaleCheckpointVersionError", "StaleFencingTokenError", "State", "StepFailedError", "TopologyPolicy",
+    "StaleCheckpointVersionError", "StaleFencingTokenError", "StaleSequenceError", "State", "StepFailedError", "TopologyPolicy",
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
-    "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "Retryable",
+    "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "RetryableError",
     "ChatClient", "ChatMessage", "ChatModel", "ChatReply", "reply_with_usage",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
@@ -42,7 +42,7 @@ def test_every_error_is_a_rayfleet_error() -> None:
     assert all(issubclass(error, rf.RayfleetError) for error in errors)
     assert issubclass(rf.InvalidSpecError, ValueError)
     assert issubclass(rf.DeadlineExceededError, TimeoutError)
-    assert issubclass(rf.Retryable, rf.RayfleetError)
+    assert issubclass(rf.RetryableError, rf.RayfleetError)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_every_error_is_a_rayfleet_error() -> None:
         rf.ModelTimeoutError(url="http://h/v1/chat/completions", timeout=2.0),
         rf.ModelUnavailableError(url="http://h/v1/chat/completions", attempts=3, last_failure="HTTP 503"),
         rf.InternalError(detail="x"),
-        rf.Retryable("busy"),
+        rf.RetryableError("busy"),
     ],
 )
 def test_errors_round_trip_through_pickle(error: rf.RayfleetError) -> None:

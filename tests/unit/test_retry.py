@@ -71,13 +71,30 @@ def test_delay_for_is_capped_for_any_attempt_without_overflowing() -> None:
 async def test_retry_async_retries_retryable_errors_with_the_policy_waits() -> None:
     sleep = FakeSleep()
     seen: list[tuple[int, str, float]] = []
-    calls, attempt = flaky([rf.Retryable("busy"), ConnectionResetError("reset")])
+    calls, attempt = flaky([rf.RetryableError("busy"), ConnectionResetError("reset")])
     policy = RetryPolicy(max_attempts=3, base_delay=0.1, max_delay=1.0, jitter=0)
     result = await retry_async(attempt, policy, sleep=sleep,
                                on_retry=lambda n, error, delay: seen.append((n, type(error).__name__, delay)))
     assert result == "done" and calls == [3]
     assert sleep.waits == [0.1, 0.2]
-    assert seen == [(0, "Retryable", 0.1), (1, "ConnectionResetError", 0.2)]
+    assert seen == [(0, "RetryableError", 0.1), (1, "ConnectionResetError", 0.2)]
+
+
+async def test_a_retryable_errors_retry_after_lengthens_the_wait_but_never_shortens_it() -> None:
+    sleep = FakeSleep()
+    calls, attempt = flaky([rf.RetryableError("rate limited", retry_after=3.0),
+                            rf.RetryableError("busy", retry_after=0.01), rf.RetryableError("busy")])
+    policy = RetryPolicy(max_attempts=4, base_delay=0.1, max_delay=1.0, jitter=0)
+    assert await retry_async(attempt, policy, sleep=sleep) == "done" and calls == [4]
+    # 3.0 is past max_delay and still honoured; 0.01 is shorter than the policy's 0.2, which wins.
+    assert sleep.waits == [3.0, 0.2, 0.4]
+
+
+@pytest.mark.parametrize("retry_after", [-1.0, float("nan"), True, "soon"])
+def test_retry_after_must_be_a_non_negative_number(retry_after: object) -> None:
+    with pytest.raises(rf.InvalidSpecError, match="retry_after") as refused:
+        rf.RetryableError("busy", retry_after=retry_after)  # type: ignore[arg-type]
+    assert refused.value.field == "retry_after"
 
 
 async def test_retry_async_raises_the_last_error_unchanged_when_attempts_run_out() -> None:
@@ -114,7 +131,7 @@ async def test_retry_async_draws_jitter_only_when_it_retries() -> None:
     policy = RetryPolicy(max_attempts=4, base_delay=0.1, max_delay=1.0, jitter=0.5)
     sleep = FakeSleep()
     rng = random.Random(11)
-    _, attempt = flaky([rf.Retryable(), rf.Retryable(), ValueError("final")])
+    _, attempt = flaky([rf.RetryableError(), rf.RetryableError(), ValueError("final")])
     with pytest.raises(ValueError):
         await retry_async(attempt, policy, sleep=sleep, rng=rng)
     expected = random.Random(11)

@@ -42,8 +42,17 @@ class Account(rf.Agent):
     async def flaky_deposit(self, amount: int) -> int:
         if Account.outage.get(self.identity, 0) > 0:
             Account.outage[self.identity] -= 1
-            raise rf.Retryable("upstream busy")
+            raise rf.RetryableError("upstream busy")
         self.state.balance += amount
+        return self.state.balance
+
+    @rf.handler
+    async def write_note(self, text: str) -> str:
+        self.state.log = [*self.state.log, text]
+        return text
+
+    @rf.handler
+    async def read_balance(self) -> int:
         return self.state.balance
 
     @rf.handler
@@ -94,6 +103,50 @@ async def test_dedup_survives_a_new_owner(ledger: Ledger, tmp_path: Path) -> Non
         assert (await heir.deliver("acct/1", "deposit", (), {"amount": 1})).value == 6
 
 
+async def test_a_resent_envelope_without_a_key_is_answered_from_the_checkpoint_by_its_next_owner(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    sent = rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 10})
+    async with host(ledger, tmp_path) as runtime:
+        assert (await runtime.deliver_envelope(sent)).value == 10
+    # The first owner is gone (its reply never reached the caller); the router sends the same envelope on.
+    async with host(ledger, tmp_path, "h2") as heir:
+        again = await heir.deliver_envelope(sent)
+        assert again.duplicate and again.value == 10
+        # A new call of the same handler and arguments is a new message, and runs.
+        fresh = await heir.deliver_envelope(rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 10}))
+        assert (fresh.value, fresh.duplicate) == (20, False)
+        assert heir.statistics().duplicates == 1
+
+
+async def test_the_message_window_is_bounded_and_keeps_large_replies_in_the_dedup_window(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    from rayfleet.host._messages import RECENT_MESSAGES
+
+    first = rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 1})
+    large = rf.Envelope(target="acct/1", method="write_note", kwargs={"text": "x" * 4096})
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.deliver_envelope(first)
+        await runtime.deliver_envelope(large)  # its 4 KiB reply is too large for the window
+        for _ in range(RECENT_MESSAGES):
+            await runtime.deliver_envelope(rf.Envelope(target="acct/1", method="deposit", kwargs={"amount": 1}))
+    assert len(ledger.dedup_window("acct/1")) == 1  # only the large reply went to the ledger's window
+    async with host(ledger, tmp_path, "h2") as heir:
+        assert (await heir.deliver_envelope(large)).duplicate
+        # The first message left the window RECENT_MESSAGES turns later; its re-send runs again.
+        assert not (await heir.deliver_envelope(first)).duplicate
+
+
+async def test_a_read_only_turn_without_a_key_is_not_remembered(ledger: Ledger, tmp_path: Path) -> None:
+    read = rf.Envelope(target="acct/1", method="read_balance")
+    async with host(ledger, tmp_path) as runtime:
+        assert (await runtime.deliver_envelope(read)).value == 0
+        # Nothing changed, so nothing was committed: running it again is harmless and costs no write.
+        assert not (await runtime.deliver_envelope(read)).duplicate
+    assert ledger.dedup_window("acct/1") == []
+
+
 async def test_dedup_window_is_bounded_oldest_first(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "ledger.sqlite")
     register(ledger, "acct/1", dedup_capacity=3)
@@ -106,18 +159,33 @@ async def test_dedup_window_is_bounded_oldest_first(tmp_path: Path) -> None:
         assert (await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, idempotency_key="d")).duplicate
 
 
-async def test_stale_conversation_fence_is_refused_and_dead_lettered(ledger: Ledger, tmp_path: Path) -> None:
+async def test_stale_conversation_sequence_is_refused_and_dead_lettered(ledger: Ledger, tmp_path: Path) -> None:
     async with host(ledger, tmp_path) as runtime:
-        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", fence=3)
-        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", fence=3)
-        with pytest.raises(rf.StaleFencingTokenError, match="stale"):
-            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", fence=2)
-    assert reasons(ledger) == ["STALE_FENCE"]
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        with pytest.raises(rf.StaleSequenceError, match="stale"):
+            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=2)
+    assert reasons(ledger) == ["STALE_SEQUENCE"]
     # The high-water mark travels with the checkpoint to the next owner.
     async with host(ledger, tmp_path, "h2") as heir:
-        with pytest.raises(rf.StaleFencingTokenError):
-            await heir.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", fence=1)
-        assert (await heir.deliver("acct/1", "deposit", (), {"amount": 0}, conversation="c", fence=4)).value == 2
+        with pytest.raises(rf.StaleSequenceError):
+            await heir.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=1)
+        assert (await heir.deliver("acct/1", "deposit", (), {"amount": 0}, conversation="c", sequence=4)).value == 2
+
+
+async def test_a_sequence_that_went_backwards_raises_stale_sequence_with_advice_for_the_caller(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path) as runtime:
+        await runtime.deliver("acct/1", "deposit", (), {"amount": 1}, conversation="c", sequence=3)
+        with pytest.raises(rf.StaleSequenceError) as caught:
+            await runtime.deliver("acct/1", "deposit", (), {"amount": 100}, conversation="c", sequence=2)
+    error = caught.value
+    assert (error.conversation, error.presented, error.current) == ("c", 2, 3)
+    assert isinstance(error, rf.DeliveryError) and not isinstance(error, rf.StaleFencingTokenError)
+    # The caller's own numbering went backwards: nothing about owners or dropping the agent.
+    assert "another owner" not in error.message and "Drop the agent" not in error.message
+    assert "sequence" in error.message and "3" in error.message
 
 
 async def test_expired_deadline_dead_letters_without_running(ledger: Ledger, tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ class FakeActivations:
         entry = HostedAgent(
             spec=spec, agent=Tally(), installed_at=0.0, checkpoint_version=0,
             record=ContinuityRecord(identity=identity, runtime_id=f"rt:{identity}:0", session_id="s",
-                                    generation=0, checkpoint_version=0, fence=1),
+                                    generation=0, checkpoint_version=0, fencing_token=1),
             grant=LeaseGrant(identity=identity, holder="fake", fencing_token=1, ttl=10.0),
         )
         self.entries[identity] = entry
@@ -98,13 +98,13 @@ async def test_a_turn_activates_checks_the_lease_runs_and_commits_through_the_po
     assert path.counters.turns == 2 and path.counters.dead_letters == 0
 
 
-async def test_deadline_and_fence_ages_follow_the_injected_wall_clock(ledger: Ledger) -> None:
+async def test_deadline_and_sequence_ages_follow_the_injected_wall_clock(ledger: Ledger) -> None:
     activations = FakeActivations()
     wall = ManualClock(start=5_000.0)
     path = delivery(ledger, activations, wall)
     # Far in the past by the real clock, still ahead by the injected one: the turn runs.
-    assert (await path.deliver("t/1", "add", (), {"n": 1}, deadline=5_000.5, conversation="c", fence=1)).value == 1
-    assert activations.entries["t/1"].fences.export() == {"c": (1, 5_000.0)}
+    assert (await path.deliver("t/1", "add", (), {"n": 1}, deadline=5_000.5, conversation="c", sequence=1)).value == 1
+    assert activations.entries["t/1"].sequences.export() == {"c": (1, 5_000.0)}
     wall.advance(1.0)
     with pytest.raises(rf.DeadlineExceededError):
         await path.deliver("t/1", "add", (), {"n": 1}, deadline=5_000.5)

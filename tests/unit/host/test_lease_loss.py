@@ -46,7 +46,7 @@ class Worker(rf.Agent):
     @rf.handler
     async def flaky(self) -> None:
         self.state.started += 1
-        raise rf.Retryable("try again")
+        raise rf.RetryableError("try again")
 
     @rf.handler(thread=True)
     def blocking_add(self, n: int) -> int:

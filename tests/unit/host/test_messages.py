@@ -1,4 +1,4 @@
-"""Delivery arithmetic without a host: dedup window, fence map, retry policy, envelopes."""
+"""Delivery arithmetic without a host: dedup window, conversation sequences, retry policy, envelopes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rayfleet as rf
-from rayfleet.host._messages import DedupWindow, FenceMap
+from rayfleet.host._messages import ConversationSequences, DedupWindow
 
 
 def test_dedup_window_is_fifo_and_bounded() -> None:
@@ -31,33 +31,33 @@ def test_dedup_window_never_exceeds_capacity(keys: list[str], capacity: int) -> 
         assert len(window) <= capacity
 
 
-def test_fence_map_refuses_lower_accepts_equal_and_higher() -> None:
-    fences = FenceMap()
-    assert fences.accept("conv", 0, now=1.0)  # fence 0 on a fresh conversation is accepted
-    assert fences.accept("conv", 5, now=2.0)
-    assert fences.accept("conv", 5, now=3.0)  # the same holder's retry
-    assert not fences.accept("conv", 4, now=4.0)
-    assert fences.high_water("conv") == 5
-    assert fences.accept("other", 1, now=4.0)
+def test_conversation_sequences_refuse_lower_accepts_equal_and_higher() -> None:
+    sequences = ConversationSequences()
+    assert sequences.accept("conv", 0, now=1.0)  # sequence 0 on a fresh conversation is accepted
+    assert sequences.accept("conv", 5, now=2.0)
+    assert sequences.accept("conv", 5, now=3.0)  # the same holder's retry
+    assert not sequences.accept("conv", 4, now=4.0)
+    assert sequences.high_water("conv") == 5
+    assert sequences.accept("other", 1, now=4.0)
 
 
-def test_fence_map_sweeps_idle_entries_only_past_the_soft_cap_and_at_most_once_per_interval() -> None:
-    fences = FenceMap(soft_cap=3, ttl=10.0, sweep_interval=1.0)
+def test_conversation_sequences_sweeps_idle_entries_only_past_the_soft_cap_and_at_most_once_per_interval() -> None:
+    sequences = ConversationSequences(soft_cap=3, ttl=10.0, sweep_interval=1.0)
     for index in range(4):
-        fences.accept(f"old-{index}", 7, now=0.0)
-    assert len(fences) == 4  # the cap is soft: nothing is swept while everything is young
-    fences.accept("fresh", 1, now=20.0)  # past the cap, interval elapsed: idle entries go
-    assert len(fences) == 1 and fences.high_water("fresh") == 1
-    # After a sweep, an old fence is accepted again (dedup is the backstop).
-    assert fences.accept("old-0", 1, now=20.5)
+        sequences.accept(f"old-{index}", 7, now=0.0)
+    assert len(sequences) == 4  # the cap is soft: nothing is swept while everything is young
+    sequences.accept("fresh", 1, now=20.0)  # past the cap, interval elapsed: idle entries go
+    assert len(sequences) == 1 and sequences.high_water("fresh") == 1
+    # After a sweep, an old sequence is accepted again (dedup is the backstop).
+    assert sequences.accept("old-0", 1, now=20.5)
 
 
-def test_fence_map_rejection_does_not_refresh_age() -> None:
-    fences = FenceMap(soft_cap=0, ttl=10.0, sweep_interval=0.0)
-    fences.accept("conv", 5, now=0.0)
-    assert not fences.accept("conv", 1, now=9.0)
-    fences.accept("other", 1, now=10.5)  # sweeps: "conv" was last accepted at 0.0
-    assert fences.high_water("conv") is None
+def test_conversation_sequences_rejection_does_not_refresh_age() -> None:
+    sequences = ConversationSequences(soft_cap=0, ttl=10.0, sweep_interval=0.0)
+    sequences.accept("conv", 5, now=0.0)
+    assert not sequences.accept("conv", 1, now=9.0)
+    sequences.accept("other", 1, now=10.5)  # sweeps: "conv" was last accepted at 0.0
+    assert sequences.high_water("conv") is None
 
 
 def test_retry_policy_backs_off_exponentially_with_capped_jitter() -> None:
@@ -94,8 +94,8 @@ def test_dedup_key_is_scoped_by_sender() -> None:
         ({"kwargs": {1: 2}}, "names must be strings"),
         ({"idempotency_key": ""}, "idempotency_key must be a non-empty string"),
         ({"deadline": "soon"}, "deadline must be"),
-        ({"fence": -1, "conversation": "c"}, "fence must be a non-negative integer"),
-        ({"fence": 3}, "a fence needs a conversation"),
+        ({"sequence": -1, "conversation": "c"}, "sequence must be a non-negative integer"),
+        ({"sequence": 3}, "a sequence needs a conversation"),
         ({"chain": ["a"]}, "chain must be a tuple of identities"),
         ({"chain": ("a", "")}, "chain must be a tuple of identities"),
         ({"journal": ("run", "step")}, "journal must be"),
@@ -114,7 +114,7 @@ def test_an_envelope_missing_a_field_is_refused_by_check() -> None:
     # What unpickling an Envelope pickled by an older client (without ``chain``) gives a host.
     envelope = object.__new__(rf.Envelope)
     for name in ("target", "method", "args", "kwargs", "sender", "idempotency_key", "deadline", "conversation",
-                 "fence", "message_id", "sent_at"):
+                 "sequence", "message_id", "sent_at"):
         object.__setattr__(envelope, name, getattr(rf.Envelope(target="a/1", method="get"), name))
     with pytest.raises(rf.InvalidSpecError, match="missing field.*chain"):
         envelope.check()
@@ -122,7 +122,7 @@ def test_an_envelope_missing_a_field_is_refused_by_check() -> None:
 
 def test_an_envelope_crosses_a_ray_call_as_its_wire_form_and_comes_back_equal() -> None:
     sent = rf.Envelope(target="a", method="add", args=((1, 2),), kwargs={"pair": (3, [4])}, sender="b",
-                    idempotency_key="k", deadline=5.0, conversation="c", fence=2, chain=("b",))
+                    idempotency_key="k", deadline=5.0, conversation="c", sequence=2, chain=("b",))
     wire = sent.wire()
     assert type(wire) is tuple and all(type(part) is not rf.Envelope for part in wire)
     assert rf.Envelope.from_wire(wire) == sent

@@ -46,7 +46,7 @@ class Counter(rf.Agent):
 
     @rf.handler
     async def who(self) -> dict[str, object]:
-        return {"identity": self.identity, "generation": self.generation, "fence": self.fence}
+        return {"identity": self.identity, "generation": self.generation, "fencing_token": self.fencing_token}
 
 
 def register(ledger: Ledger, identity: str, **options: object) -> rf.AgentSpec:
@@ -189,7 +189,7 @@ async def test_lifecycle_retire_respawn_reset_delete(ledger: Ledger, tmp_path: P
         assert fresh.generation == 1 and fresh.runtime_id == "rt:c/1:1" and fresh.session_id != record.session_id
         assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 1
         who = (await host.deliver("c/1", "who", (), {})).value
-        assert who["generation"] == 1 and who["fence"] == ledger.high_water("c/1")
+        assert who["generation"] == 1 and who["fencing_token"] == ledger.high_water("c/1")
         await host.delete("c/1")
         with pytest.raises(rf.UnknownIdentityError):
             await host.deliver("c/1", "add", (), {"n": 1})

@@ -302,7 +302,7 @@ def test_acquire_many_identities_returns_activation_per_identity(ledger):
         assert record.generation == 0
         assert record.runtime_id == f"rt:{name}:0"
         assert record.checkpoint_version == 0
-        assert record.fence == activation.grant.fencing_token
+        assert record.fencing_token == activation.grant.fencing_token
         assert activation.view.snapshot is None
         assert activation.view.lease.holder == "A"
         sessions.add(record.session_id)
@@ -344,7 +344,7 @@ def test_reacquire_stamps_continuity_fence_and_keeps_generation(ledger):
     register(ledger)
     first = ledger.acquire(holder="A", identities=["a"], ttl=TTL)["a"]
     second = ledger.acquire(holder="A", identities=["a"], ttl=TTL)["a"]
-    assert second.view.continuity.fence == second.grant.fencing_token == 2
+    assert second.view.continuity.fencing_token == second.grant.fencing_token == 2
     assert second.view.continuity.session_id == first.view.continuity.session_id
     assert second.view.continuity.generation == 0
 
@@ -546,7 +546,7 @@ def test_renewing_and_releasing_many_leases_takes_a_few_statements_and_fetches_o
     assert counter.statements <= 10 and counter.rows <= 10
     assert isinstance(activations.pop("ghost"), UnknownIdentityError)
     assert activations["many/1"].view.wired_peers == ("many/2",)
-    assert activations["many/2"].view.continuity.fence == activations["many/2"].grant.fencing_token
+    assert activations["many/2"].view.continuity.fencing_token == activations["many/2"].grant.fencing_token
     grants = {identity: outcome.grant for identity, outcome in activations.items()}
     tokens = {identity: g.fencing_token for identity, g in grants.items()}
     tokens["many/0"] += 1  # a token the ledger never issued to A for it
@@ -833,7 +833,7 @@ def test_commit_with_current_token_is_accepted(ledger, two_grants):
     assert ledger.commit_checkpoints([commit("a", current, 1)]) == [None]
     view = ledger.resolve(["a"])["a"]
     assert view.continuity.checkpoint_version == 1
-    assert view.continuity.fence == current
+    assert view.continuity.fencing_token == current
     assert view.snapshot == SnapshotPointer(file="snapshots/x.arrow", row=0, version=1)
 
 
@@ -1031,7 +1031,7 @@ def test_reset_starts_new_generation(ledger):
     assert fresh.runtime_id == "rt:a:1"
     assert fresh.session_id != before.session_id
     assert fresh.checkpoint_version == 0
-    assert fresh.fence == t
+    assert fresh.fencing_token == t
     view = ledger.resolve(["a"])["a"]
     assert view.continuity == fresh
     assert view.snapshot is None
@@ -1572,7 +1572,7 @@ class TwoHolderLedgerMachine(RuleBasedStateMachine):
         # (b) strictly larger than every token granted before
         assert all(token > earlier for earlier in self.granted)
         assert self.ledger.high_water("a") == token
-        assert result.view.continuity.fence == token
+        assert result.view.continuity.fencing_token == token
         self.granted.append(token)
         self.last_token[holder] = token
         self.lease = (holder, token, self.clock.now + TTL)

@@ -1,4 +1,4 @@
-"""The metric catalogue, the Grafana dashboard and the README agree: nothing queried that rayfleet does not define."""
+"""The metric catalogue, the Grafana dashboard and the operating guide agree: nothing queried that rayfleet does not define."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_the_dashboard_parses_and_queries_only_rayfleet_metrics() -> None:
     assert {info.name for info in METRICS if set(info.exported_names) & queried} == {info.name for info in METRICS}
 
 
-def test_the_readme_documents_every_metric() -> None:
-    readme = (ROOT / "README.md").read_text()
-    missing = [info.name for info in METRICS if f"`{info.name}`" not in readme]
+def test_the_operating_guide_documents_every_metric() -> None:
+    guide = (ROOT / "docs" / "guides" / "operating.md").read_text()
+    missing = [info.name for info in METRICS if f"`{info.name}`" not in guide]
     assert missing == []

@@ -53,10 +53,10 @@ class FakeFleet:
 
     async def call(
         self, *, target: str, method: str, payload: dict[str, Any], idempotency_key: str, timeout: float,
-        conversation: str | None = None, fence: int | None = None, journal: JournalWith | None = None,
+        conversation: str | None = None, sequence: int | None = None, journal: JournalWith | None = None,
     ) -> tuple[Any, Usage] | StepReply:
         record = {"target": target, "method": method, "payload": payload, "key": idempotency_key,
-                  "timeout": timeout, "conversation": conversation, "fence": fence, "dedup": False,
+                  "timeout": timeout, "conversation": conversation, "sequence": sequence, "dedup": False,
                   "journal": journal}
         self.calls.append(record)
         if (target, idempotency_key) in self.replies:

@@ -495,7 +495,7 @@ async def test_exclusive_step_is_fenced_and_releases_its_lease(fleet) -> None:
     outcome = await engine(wf, fleet, journal).run()
     assert outcome.status is RunStatus.COMPLETED
     call = fleet.dispatched("work")[0]
-    assert call["fence"] == 1 and call["conversation"] == "run-1/pay"
+    assert call["sequence"] == 1 and call["conversation"] == "run-1/pay"
     assert journal.step_lease_events == [("acquire", "workflow:run-1:pay:1", 1),
                                          ("release", "workflow:run-1:pay:1", None)]
     assert journal.step_holders("run-1") == {}
@@ -535,7 +535,7 @@ async def test_reassign_on_timeout_picks_other_capable_agents(fleet) -> None:
     calls = fleet.dispatched("work")
     assert [c["target"] for c in calls] == ["a1", "a2", "a3"]
     assert [c["key"] for c in calls] == ["run-1/job/1-0", "run-1/job/2-1", "run-1/job/3-2"]
-    assert [c["fence"] for c in calls] == [1, 2, 3]
+    assert [c["sequence"] for c in calls] == [1, 2, 3]
     assert {c["conversation"] for c in calls} == {"run-1/job"}
     assert journal.step_holders("run-1") == {} and outcome.invocations == 1
 
@@ -571,7 +571,7 @@ async def test_reassign_with_to_redispatches_with_new_epoch_and_fence(fleet) -> 
     outcome = await engine(wf, fleet).run()
     assert outcome.outputs["job"] == "ok"
     calls = fleet.dispatched("flaky")
-    assert [(c["target"], c["key"], c["fence"]) for c in calls] == [
+    assert [(c["target"], c["key"], c["sequence"]) for c in calls] == [
         ("a1", "run-1/job/1-0", 1), ("a1", "run-1/job/2-1", 2)]
 
 
@@ -580,7 +580,7 @@ async def test_reassign_with_to_redispatches_with_new_epoch_and_fence(fleet) -> 
     [
         lambda identity: ConnectionError("reset"),
         lambda identity: DeadlineExceededError(identity=identity, method="work", timeout=1),
-        lambda identity: HandlerError(identity=identity, method="work", remote_type="rayfleet.Retryable",
+        lambda identity: HandlerError(identity=identity, method="work", remote_type="rayfleet.RetryableError",
                                       remote_message="busy", remote_traceback=""),
     ],
 )

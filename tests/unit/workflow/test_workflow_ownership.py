@@ -209,7 +209,7 @@ async def test_an_exclusive_step_waits_for_the_previous_engines_step_lease_to_la
     outcome = await running
     assert outcome.status is RunStatus.COMPLETED
     [call] = fleet.dispatched("work")
-    assert call["conversation"] == "run-1/pay" and call["fence"] > e0_fence
+    assert call["conversation"] == "run-1/pay" and call["sequence"] > e0_fence
 
 
 async def test_a_zombie_cannot_take_an_exclusive_steps_lease(fleet, journal, clock) -> None:
