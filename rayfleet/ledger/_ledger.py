@@ -34,7 +34,18 @@ from . import (
 )
 from ._sqlite import SqliteDatabase
 from ._stopped_writers import StoppedWriters
-from ._store import AwaitedWrites, Database, StalledSessions, Transaction, WriteLockHolders
+from ._store import (
+    AwaitedWrites,
+    Database,
+    ImmediateDatabase,
+    ImmediateWrites,
+    Row,
+    StalledSessions,
+    Statement,
+    Transaction,
+    WouldWait,
+    WriteLockHolders,
+)
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -80,10 +91,11 @@ class Ledger:
     ) -> None:
         self._db: Database = SqliteDatabase(database) if isinstance(database, (str, Path)) else database
         self._awaited = self._db if isinstance(self._db, AwaitedWrites) else None
+        self._writes_now = isinstance(self._db, ImmediateWrites)
         self._clock = clock
         self._stopped_writers = StoppedWriters()
-        self.incarnation = uuid.uuid4().hex[:8]
-        """Changes every time a ledger opens, so clients can tell a restart."""
+        self._incarnation = uuid.uuid4().hex[:8]
+        self._immediate: Ledger | None = None
         if authority:
             self._db.write(self._on_open)
 
@@ -105,6 +117,10 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    def incarnation(self) -> str:
+        """An id that changes every time a ledger opens, so clients can tell a restart."""
+        return self._incarnation
 
     @property
     def sessions_can_stall(self) -> bool:
@@ -320,60 +336,74 @@ class Ledger:
         Returns one entry per commit, ``None`` when accepted, else the refusal
         (``StaleFencingTokenError``, ``StaleCheckpointVersionError``, ...). Refused
         entries change nothing; accepted ones are durable when this returns.
+
+        How the call travels is the client's choice, not another operation: a client
+        on an event loop may await :meth:`commit_alone`'s statement with
+        :meth:`write_awaited`, or try the whole call with :meth:`immediately`.
         """
         batch = list(commits)
-        if self._one_statement(batch):
+        statement = self.commit_alone(batch)
+        if statement is not None:
             # The commonest commit, a host's one turn, in one statement (on PostgreSQL one
             # round trip instead of three); only a refusal takes the transaction below.
-            (item,) = batch
-            sql, parameters = _checkpoints.alone(item, self._stamp())
-            moved, outcome = _checkpoints.alone_outcome(item, self._db.write_alone(sql, parameters))
-            if moved:
-                return [outcome]
+            outcomes = statement.answer(self._db.write_alone(statement.sql, statement.parameters))
+            if outcomes is not None:
+                return outcomes
         return self._db.write(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
 
-    def _one_statement(self, batch: Sequence[CheckpointCommit]) -> bool:
-        """Whether ``batch`` commits as one statement: one checkpoint with at most one key, on a store
-        whose ``WITH`` may write (``_checkpoints.alone``)."""
-        return len(batch) == 1 and self._db.dialect.writes_in_with and _checkpoints.fits_alone(batch[0])
+    def commit_alone(self, commits: Sequence[CheckpointCommit]) -> Statement[list[CommitOutcome]] | None:
+        """The one statement that is :meth:`commit_checkpoints` when ``commits`` pass, else ``None``.
 
-    def commits_awaited(self, commits: Sequence[CheckpointCommit]) -> bool:
-        """Whether :meth:`commit_checkpoints_awaited` can take ``commits``: one statement's commit
-        on a store with awaited writes (PostgreSQL)."""
-        return self._awaited is not None and self._one_statement(commits)
-
-    async def commit_checkpoints_awaited(self, commits: Sequence[CheckpointCommit]) -> list[CommitOutcome] | None:
-        """:meth:`commit_checkpoints`' one statement, awaited on the caller's event loop (see :meth:`commits_awaited`).
-
-        Returns the outcomes as :meth:`commit_checkpoints` would when the checkpoint
-        passed; ``None`` when it did not (nothing was written): :meth:`commit_checkpoints`
-        then judges it and names the refusal. Raises as :meth:`commit_checkpoints` does
-        when the store is unavailable.
+        There is one for a host's one turn (one checkpoint with at most one key) on a store
+        whose ``WITH`` may write (``_checkpoints.alone``). Its answer is ``None`` when the
+        commit did not pass (nothing was written): :meth:`commit_checkpoints` then judges
+        it and names the refusal.
         """
-        if self._awaited is None or not self._one_statement(commits):
-            raise InternalError(
-                detail="commit_checkpoints_awaited takes one checkpoint with at most one key on a store with awaited "
-                       "writes; check commits_awaited() first and use commit_checkpoints otherwise",
-            )
+        if not (len(commits) == 1 and self._db.dialect.writes_in_with and _checkpoints.fits_alone(commits[0])):
+            return None
         (item,) = commits
         sql, parameters = _checkpoints.alone(item, self._stamp())
-        moved, outcome = _checkpoints.alone_outcome(item, await self._awaited.write_alone_async(sql, parameters))
-        return [outcome] if moved else None
 
-    def commit_checkpoints_now(self, commits: Iterable[CheckpointCommit]) -> list[CommitOutcome] | None:
-        """:meth:`commit_checkpoints` if the store can take it without waiting; ``None`` (nothing written) if not.
+        def answer(rows: list[Row]) -> list[CommitOutcome] | None:
+            moved, outcome = _checkpoints.alone_outcome(item, rows)
+            return [outcome] if moved else None
 
-        Only a SQLite store can tell at once; any other store answers ``None``.
+        return Statement(sql, parameters, answer)
+
+    @property
+    def writes_awaited(self) -> bool:
+        """Whether :meth:`write_awaited` can run a statement on the caller's event loop (PostgreSQL)."""
+        return self._awaited is not None
+
+    async def write_awaited(self, statement: Statement[T]) -> T | None:
+        """``statement`` as a write of its own, awaited on the caller's event loop: its answer.
+
+        Same guarantees and failures as the operation it stands for.
+
+        Raises:
+            InternalError: the store has no awaited writes (see :attr:`writes_awaited`).
         """
-        batch = list(commits)
-        return self._write_now(lambda tx: _checkpoints.commit(tx, batch, self._stamp()))
+        if self._awaited is None:
+            raise InternalError(detail=f"write_awaited on a {self.kind} store, which has no awaited writes")
+        return statement.answer(await self._awaited.write_alone_async(statement.sql, statement.parameters))
 
-    def _write_now(self, fn: Callable[[Transaction], T]) -> T | None:
-        """``fn`` written if the store can take it without waiting (a SQLite write lock free now), else ``None``."""
-        if not isinstance(self._db, SqliteDatabase):
-            return None
-        wrote, result = self._db.write_now(fn)
-        return result if wrote else None
+    def immediately(self, operation: Callable[[Ledger], T]) -> tuple[bool, T | None]:
+        """``operation(ledger)`` on this ledger's store, only if no write in it has to wait.
+
+        Returns ``(True, its result)``, or ``(False, None)`` when a write would have waited
+        for the store's write lock (held right now by this process or another) or the store
+        cannot tell at once (only a SQLite file can); then nothing was written. For callers
+        on an event loop, which must not sleep in SQLite's busy handler. Raises what
+        ``operation`` raises.
+        """
+        if not self._writes_now:
+            return False, None
+        if self._immediate is None:
+            self._immediate = Ledger(ImmediateDatabase(self._db), clock=self._clock, authority=False)
+        try:
+            return True, operation(self._immediate)
+        except WouldWait:
+            return False, None
 
     def latest_checkpoints(
         self, *, after: str = "", limit: int = 1000, agent_class: str | None = None
@@ -502,19 +532,6 @@ class Ledger:
             StaleRunTokenError: ``fencing_token`` is not the run's current token; nothing is written.
         """
         return self._db.write(
-            lambda tx: _runs.journal_step(
-                tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
-            )
-        )
-
-    def journal_step_now(
-        self, *, run_id: str, fencing_token: int, label: str, output: bytes, tokens: int
-    ) -> RunRequests | None:
-        """:meth:`journal_step` if the store can take it without waiting; ``None`` (nothing written) if not.
-
-        Only a SQLite store can tell at once; any other store answers ``None``.
-        """
-        return self._write_now(
             lambda tx: _runs.journal_step(
                 tx, run_id=run_id, fencing_token=fencing_token, label=label, output=output, tokens=tokens
             )

@@ -13,7 +13,8 @@ which a ``with`` block cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ._schema import Dialect
 
@@ -145,3 +146,71 @@ class WriteLockHolders(Protocol):
     def read_aside(self, fn: Callable[[Transaction], T]) -> T:
         """:meth:`Database.read`, on a connection that never waits for this process's writers."""
         ...
+
+
+@runtime_checkable
+class ImmediateWrites(Protocol):
+    """A :class:`Database` that can tell at once whether a write would wait for its write lock (SQLite)."""
+
+    def write_now(self, fn: Callable[[Transaction], T]) -> tuple[bool, T | None]:
+        """:meth:`Database.write`, only if nothing has to be waited for: ``(False, None)`` when the write lock
+        is held at this moment, else ``(True, result)``."""
+        ...
+
+
+class WouldWait(Exception):
+    """A write of an :class:`ImmediateDatabase` would have waited; nothing was written (control flow, never
+    raised to a caller of the ledger).
+
+    Caught by ``Ledger.immediately``, which answers ``(False, None)`` instead.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Statement(Generic[T]):
+    """One statement that does a whole ledger operation when it passes, and how to read its answer."""
+
+    sql: str
+    parameters: Sequence[Any]
+    answer: Callable[[list[Row]], T | None]
+    """The operation's reply from the statement's rows; ``None`` when it did not pass and wrote nothing."""
+
+
+class ImmediateDatabase:
+    """An :class:`ImmediateWrites` store whose writes raise :class:`WouldWait` rather than wait for the lock.
+
+    Reads and everything else are the store's own; closing it leaves the store open.
+    """
+
+    def __init__(self, store: Database) -> None:
+        if not isinstance(store, ImmediateWrites):
+            raise TypeError(f"{type(store).__name__} cannot tell whether a write would wait")
+        self._store = store
+        self._writes_now: ImmediateWrites = store
+        self.kind = store.kind
+        self.dialect = store.dialect
+        self.clock_sql = store.clock_sql
+
+    def write(self, fn: Callable[[Transaction], T]) -> T:
+        wrote, result = self._writes_now.write_now(fn)
+        if not wrote:
+            raise WouldWait
+        return result  # type: ignore[return-value]  # None only when fn returned None
+
+    def write_alone(self, sql: str, parameters: Sequence[Any] = ()) -> list[Row]:
+        return self.write(lambda tx: tx.execute(sql, parameters).fetchall())
+
+    def read(self, fn: Callable[[Transaction], T]) -> T:
+        return self._store.read(fn)
+
+    def now(self, tx: Transaction) -> float:
+        return self._store.now(tx)
+
+    def incarnation(self, tx: Transaction) -> str:
+        return self._store.incarnation(tx)
+
+    def describe(self) -> str:
+        return self._store.describe()
+
+    def close(self) -> None:
+        """Nothing to close: the store belongs to the ledger this one was made from."""

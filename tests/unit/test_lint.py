@@ -18,7 +18,7 @@ def _run(*command: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(600)
 def test_ruff_is_clean() -> None:
-    result = _run("ruff", "check", "rayfleet", "tests", "benchmarks", "examples")
+    result = _run("ruff", "check", "rayfleet", "tests", "benchmarks", "examples", "tools")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -30,7 +30,7 @@ from rayfleet.ledger import RunRequests, StepEntry, StepJournaled, _postgres
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._postgres import PostgresDatabase
-from rayfleet.ledger._values import Activation, CheckpointCommit, SpecRecord
+from rayfleet.ledger._values import Activation, CheckpointCommit, CommitOutcome, SpecRecord
 
 
 def granted(ledger: Ledger, identity: str = "t/a", holder: str = "h") -> int:
@@ -48,6 +48,13 @@ def checkpoint(token: int, version: int, *, keys: int = 1, step: StepEntry | Non
     )
 
 
+async def awaited(ledger: Ledger, commits: list[CheckpointCommit]) -> list[CommitOutcome] | None:
+    """``commits`` as the client commits them awaited: their one statement, on this event loop."""
+    statement = ledger.commit_alone(commits)
+    assert statement is not None
+    return await ledger.write_awaited(statement)
+
+
 def test_only_one_checkpoint_of_one_statement_on_postgresql_is_committed_awaited(
     postgres_url: str, tmp_path: Path,
 ) -> None:
@@ -55,15 +62,17 @@ def test_only_one_checkpoint_of_one_statement_on_postgresql_is_committed_awaited
     sqlite = Ledger(tmp_path / "ledger.db")
     try:
         token = granted(ledger)
-        assert ledger.commits_awaited([checkpoint(token, 1)])
-        assert ledger.commits_awaited([checkpoint(token, 1, keys=0)])
-        assert not ledger.commits_awaited([checkpoint(token, 1, keys=2)])  # two keys: the transaction's
-        assert not ledger.commits_awaited([checkpoint(token, 1), checkpoint(token, 2)])
-        assert not sqlite.commits_awaited([checkpoint(1, 1)])
-        with pytest.raises(InternalError, match="commits_awaited"):
-            asyncio.run(ledger.commit_checkpoints_awaited([checkpoint(token, 1, keys=2)]))
-        with pytest.raises(InternalError, match="commits_awaited"):
-            asyncio.run(sqlite.commit_checkpoints_awaited([checkpoint(1, 1)]))
+        assert ledger.writes_awaited and not sqlite.writes_awaited
+        assert ledger.commit_alone([checkpoint(token, 1)]) is not None
+        assert ledger.commit_alone([checkpoint(token, 1, keys=0)]) is not None
+        assert ledger.commit_alone([checkpoint(token, 1, keys=2)]) is None  # two keys: the transaction's
+        assert ledger.commit_alone([checkpoint(token, 1), checkpoint(token, 2)]) is None
+        assert sqlite.commit_alone([checkpoint(1, 1)]) is None
+        statement = ledger.commit_alone([checkpoint(token, 1)])
+        assert statement is not None
+        with pytest.raises(InternalError, match="no awaited writes"):
+            asyncio.run(sqlite.write_awaited(statement))
+        assert ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version == 0  # type: ignore[union-attr]
     finally:
         ledger.close()
         sqlite.close()
@@ -78,8 +87,8 @@ def test_an_awaited_commit_moves_the_pointer_remembers_its_key_and_journals_its_
         step = StepEntry(run_id="r", run_token=run_token, label="s1", output=b"out", tokens=3)
 
         async def commits() -> list[object]:
-            first = await ledger.commit_checkpoints_awaited([checkpoint(token, 1, step=step)])
-            again = await ledger.commit_checkpoints_awaited([checkpoint(token, 2, keys=0, step=step)])
+            first = await awaited(ledger, [checkpoint(token, 1, step=step)])
+            again = await awaited(ledger, [checkpoint(token, 2, keys=0, step=step)])
             return [first, again]
 
         first, again = asyncio.run(commits())
@@ -109,9 +118,9 @@ def test_an_awaited_commit_that_does_not_pass_writes_nothing_and_the_client_name
 
         async def commits() -> list[object]:
             return [
-                await ledger.commit_checkpoints_awaited([checkpoint(old, 6)]),  # a zombie's turn
+                await awaited(ledger, [checkpoint(old, 6)]),  # a zombie's turn
                 await client.commit_checkpoints([checkpoint(old, 6)]),
-                await ledger.commit_checkpoints_awaited([checkpoint(heir.grant.fencing_token, 5)]),  # a repeat
+                await awaited(ledger, [checkpoint(heir.grant.fencing_token, 5)]),  # a repeat
                 await client.commit_checkpoints([checkpoint(heir.grant.fencing_token, 5)]),
             ]
 
@@ -162,7 +171,7 @@ async def committed_once_then_ended(postgres_url: str) -> AsyncIterator[tuple[Le
     ledger = Ledger(PostgresDatabase(f"{postgres_url}&application_name={application}", pool_size=1))
     try:
         token = granted(ledger)
-        assert await ledger.commit_checkpoints_awaited([checkpoint(token, 1)]) == [None]
+        assert await awaited(ledger, [checkpoint(token, 1)]) == [None]
         assert _ended_by_the_server(postgres_url, application) == 2  # the pool's and the loop's
         yield ledger, token
     finally:
@@ -173,7 +182,7 @@ def test_an_awaited_commit_over_a_connection_the_server_ended_is_sent_again(post
     async def scenario() -> object:
         async with committed_once_then_ended(postgres_url) as (ledger, token):
             await asyncio.sleep(_postgres.ALIVE_FOR + 0.1)  # the loop's connection has not answered lately
-            return await ledger.commit_checkpoints_awaited([checkpoint(token, 2)]), ledger.resolve(["t/a"])
+            return await awaited(ledger, [checkpoint(token, 2)]), ledger.resolve(["t/a"])
 
     committed, resolved = asyncio.run(scenario())  # type: ignore[misc]
     assert committed == [None]
@@ -188,9 +197,9 @@ def test_an_awaited_commit_over_a_connection_ended_just_after_it_answered_is_rep
     async def scenario() -> tuple[LedgerUnavailableError, int]:
         async with committed_once_then_ended(postgres_url) as (ledger, token):
             with pytest.raises(LedgerUnavailableError) as caught:
-                await ledger.commit_checkpoints_awaited([checkpoint(token, 2)])
+                await awaited(ledger, [checkpoint(token, 2)])
             # The next commit opens a new connection for the loop.
-            assert await ledger.commit_checkpoints_awaited([checkpoint(token, 3)]) == [None]
+            assert await awaited(ledger, [checkpoint(token, 3)]) == [None]
             return caught.value, ledger.resolve(["t/a"])["t/a"].continuity.checkpoint_version  # type: ignore[union-attr]
 
     error, version = asyncio.run(scenario())
