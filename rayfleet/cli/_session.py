@@ -71,7 +71,8 @@ def open_records(options: FleetOptions) -> Iterator[Fleet | StoredFleet]:
     ``runs list|show``, ``topology export``). When :func:`open_fleet` finds no running
     fleet, the fleet's SQLite ledger and storage are read directly
     (:class:`~rayfleet.platform._stored.StoredFleet`): read-only, creating nothing, no Ray.
-    A storage that holds no fleet still raises ``FleetNotFoundError``.
+    Where there is nothing to read either (no fleet in the storage, no ledger file, a
+    PostgreSQL ledger), the error of the attempt to attach is raised.
     """
     from ..platform._fleet import connect
     from ..platform._stored import StoredFleet
@@ -79,8 +80,11 @@ def open_records(options: FleetOptions) -> Iterator[Fleet | StoredFleet]:
     try:
         fleet: Fleet | StoredFleet = connect(address=options.address, storage=options.storage, ledger=options.ledger,
                                              namespace=options.namespace, create=False)
-    except FleetNotFoundError:
-        fleet = StoredFleet.open(options.storage, options.ledger)
+    except FleetNotFoundError as not_running:
+        try:
+            fleet = StoredFleet.open(options.storage, options.ledger)
+        except FleetNotFoundError:
+            raise not_running from None
     try:
         yield fleet
     finally:

@@ -40,7 +40,7 @@ class StoredFleet:
 
     Raises:
         FleetNotFoundError: the storage holds no fleet, or the fleet's ledger is not a
-            local SQLite file (a PostgreSQL ledger is read through a running fleet).
+            local SQLite file that exists (a PostgreSQL ledger is read through a running fleet).
         FleetMismatchError: the ledger and the storage belong to different fleets.
         LedgerUnavailableError, LedgerSchemaError: the ledger file cannot be read as it is.
     """
@@ -57,6 +57,9 @@ class StoredFleet:
                 remedy="start the fleet's cluster, or point RAY_ADDRESS at it (only a local SQLite ledger is read "
                        "without one)",
             )
+        if not ledger.path.is_file():
+            raise FleetNotFoundError(missing=f"the fleet's ledger file {ledger.path} does not exist",
+                                     remedy="point --ledger or RAYFLEET_LEDGER at it")
         self._ledger = LocalLedgerClient(Ledger(SqliteDatabase(ledger.path, read_only=True), authority=False))
         check_fleet(self._ledger, storage=storage, ledger_shown=ledger.shown)
         self.runs = RunsView(self._ledger)
