@@ -66,7 +66,7 @@ def continuity(
 
 
 def _continuity_of(
-    identity: str, runtime_id: str | None, session_id: str, generation: int, version: int, fence: int,
+    identity: str, runtime_id: str | None, session_id: str, generation: int, version: int, fencing_token: int,
     file: str | None, file_row: int | None, *, inline: bytes | None,
 ) -> tuple[ContinuityRecord | None, SnapshotPointer | None]:
     """A continuity row's record and snapshot pointer (``runtime_id`` ``None``: no row)."""
@@ -74,7 +74,7 @@ def _continuity_of(
         return None, None
     record = ContinuityRecord(
         identity=identity, runtime_id=runtime_id, session_id=session_id, generation=generation,
-        checkpoint_version=version, fencing_token=fence,
+        checkpoint_version=version, fencing_token=fencing_token,
     )
     pointer = None if file is None or file_row is None else SnapshotPointer(
         file=file, row=file_row, version=version, inline=inline,
@@ -123,9 +123,9 @@ def views(
     peers = wired_peers_of(tx, wanted)
     found: dict[str, IdentityView] = {}
     for (identity, spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, declared, runtime_id,
-         session_id, generation, version, fence, file, file_row, state, holder, token, ttl, expires_at,
+         session_id, generation, version, record_token, file, file_row, state, holder, token, ttl, expires_at,
          paused) in rows:
-        record, pointer = _continuity_of(identity, runtime_id, session_id, generation, version, fence, file,
+        record, pointer = _continuity_of(identity, runtime_id, session_id, generation, version, record_token, file,
                                          file_row, inline=None if state is None else bytes.fromhex(state))
         found[identity] = IdentityView(
             identity=identity, spec=bytes.fromhex(spec), fingerprint=fingerprint, agent_class=agent_class,
