@@ -179,10 +179,9 @@ def _isort_key(name: str) -> tuple[int, str]:
 
 
 def _from_line(origin: str, names: list[str]) -> str:
-    line = f"from {origin} import {', '.join(names)}"
-    if len(line) <= LINE_LENGTH:
-        return line
-    return "\n".join([f"from {origin} import (", *(f"    {name}," for name in names), ")"])
+    # One line however long: the names mirror the contract's own imports, and a wrapped
+    # list would be the same block again in every generated file.
+    return f"from {origin} import {', '.join(names)}"
 
 
 def _method(signature: str, body: str) -> list[str]:

@@ -9,26 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ._contract import LedgerCall
 from ._local_transport import LocalTransport
-from ._values import (
-    DEFAULT_LEASE_TTL,
-    Activation,
-    CheckpointCommit,
-    CheckpointRow,
-    CommitOutcome,
-    HostInfo,
-    IdentityView,
-    JournalRecord,
-    LeaseView,
-    RegisterOutcome,
-    RunLease,
-    RunRecord,
-    RunRequests,
-    RunStart,
-    SpecRecord,
-    StoredMessage,
-    TopologyChange,
-    TopologySnapshot,
-)
+from ._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 
 
 class LocalOperations(LocalTransport):

@@ -9,26 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
-from ..ledger._values import (
-    DEFAULT_LEASE_TTL,
-    Activation,
-    CheckpointCommit,
-    CheckpointRow,
-    CommitOutcome,
-    HostInfo,
-    IdentityView,
-    JournalRecord,
-    LeaseView,
-    RegisterOutcome,
-    RunLease,
-    RunRecord,
-    RunRequests,
-    RunStart,
-    SpecRecord,
-    StoredMessage,
-    TopologyChange,
-    TopologySnapshot,
-)
+from ..ledger._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 from ._ledger_transport import Answer, RayCall, RayTransport, answer
 
 

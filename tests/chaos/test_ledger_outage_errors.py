@@ -15,19 +15,9 @@ from pathlib import Path
 
 import pytest
 import ray
+from agents import Counter
 
 import rayfleet as rf
-
-
-class Counter(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        total: int = self.state.total
-        return total
 
 
 @pytest.mark.timeout(120)

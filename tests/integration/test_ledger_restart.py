@@ -9,28 +9,13 @@ from typing import Any
 
 import pg_support
 import pytest
+from agents import Counter
 
 import rayfleet as rf
 
 AGENTS = 8
 CALLS = 240
 AFTER_RESTART = 20
-
-
-class Counter(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        total: int = self.state.total
-        return total
-
-    @rf.handler
-    async def get(self) -> int:
-        total: int = self.state.total
-        return total
 
 
 @pytest.mark.chaos

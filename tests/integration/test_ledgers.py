@@ -7,18 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import Counter
 
 import rayfleet as rf
-
-
-class Counter(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        return self.state.total
 
 
 def _namespace() -> str:

@@ -4,19 +4,10 @@ import asyncio
 import time
 
 import pytest
+from agents import Counter
 from ray_helpers import kill_actor
 
 import rayfleet as rf
-
-
-class Counter(rf.Agent):  # exactly the README's agent
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        return self.state.total
 
 
 @pytest.mark.timeout(120)

@@ -16,6 +16,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from agents import Counter
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
@@ -26,16 +27,6 @@ from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._values import Activation, SpecRecord
 from rayfleet.testing import ManualClock
-
-
-class Counter(rf.Agent):
-    class State(rf.State):
-        total: int = 0
-
-    @rf.handler
-    async def add(self, n: int) -> int:
-        self.state.total += n
-        return self.state.total
 
 
 def register(ledger: Ledger, identity: str, **options: object) -> None:
