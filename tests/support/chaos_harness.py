@@ -10,9 +10,12 @@ identity hit by that fault could not be served.
 
 Workload:
 
-* keyed increments ``add(n=1, key=k)`` with ``idempotency_key=k`` over ``identities``
-  counters from concurrent ``ask`` coroutines; a failed or timed-out call is recorded
-  (``info``: outcome unknown) and retried with the same key;
+* increments ``add(n=1, key=k)`` over ``identities`` counters from concurrent ``ask``
+  coroutines, every other one with ``idempotency_key=k``: a keyed call that failed or
+  timed out is recorded (``info``: outcome unknown) and retried with the same key; an
+  un-keyed one is sent once and never retried (a retry would be a new call), so the
+  platform's own re-sends after a fault must not apply it twice either. The handler
+  records ``k`` in its State, so the checker counts every application of every call;
 * saga runs submitted to the runner: ``reserve`` (compensated by ``cancel``) then
   ``charge``, which fails on purpose for every third run;
 * paused agents with parked work: a parker pauses an identity, sends calls that park,
@@ -342,21 +345,22 @@ class ChaosRun:
             identity = rng.choice(self.counters)
             seq += 1
             key = f"{process}-{seq}"
-            await self._increment(process, refs[identity], key)
+            await self._increment(process, refs[identity], key, keyed=seq % 2 == 0)
 
-    async def _increment(self, process: str, ref: rf.AgentRef, key: str) -> None:
+    async def _increment(self, process: str, ref: rf.AgentRef, key: str, *, keyed: bool) -> None:
         op = self.history.new_op()
         give_up = time.monotonic() + self.profile.op_patience
         while True:
             self.history.record("invoke", process, op, ref.identity, key)
             try:
-                value = await ref.ask("add", n=1, key=key, idempotency_key=key, timeout=self.profile.call_timeout)
+                value = await ref.ask("add", n=1, key=key, idempotency_key=key if keyed else None,
+                                      timeout=self.profile.call_timeout)
             except rf.HandlerError as error:
                 self.history.record("fail", process, op, ref.identity, key, repr(error)[:200])
                 return
-            except Exception as error:  # any failure: outcome unknown, retry with the same key
+            except Exception as error:  # any failure: outcome unknown; a keyed call retries with the same key
                 self.history.record("info", process, op, ref.identity, key, _describe(error))
-                if time.monotonic() > give_up:
+                if not keyed or time.monotonic() > give_up:
                     return
                 await asyncio.sleep(0.1 + random.random() * 0.2)
                 continue
