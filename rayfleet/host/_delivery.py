@@ -9,8 +9,9 @@ Every message meets the same gates, in this order:
 4. pause: while the agent is paused the message is parked durably in the ledger
    and its caller waits until a resume replays it;
 5. conversation sequence: a sequence below the conversation's high-water mark is refused;
-6. dedup: a repeated idempotency key of the same sender gets the original reply
-   without running the handler;
+6. dedup: a repeated idempotency key of the same sender, or a message id a
+   state-changing turn already committed (a router's re-send after the host it sent
+   the message to died), gets the original reply without running the handler;
 7. deadline: a message whose deadline has passed is not run;
 8. the handler, retried per the agent's ``RetryPolicy`` while it raises retryable
    errors; each failed attempt leaves State as it was before the attempt;
