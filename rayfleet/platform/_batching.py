@@ -14,6 +14,12 @@ come in the order the turns finished, so a gather that judges replies in arrival
 (``FirstOf``) sees them so. A turn still running when the host answers is held under a
 token, and its reply is fetched with one ``collect`` call of its own.
 
+A batch holds at most :data:`~rayfleet.host._messages.RECENT_MESSAGES` requests for one
+identity; more start another batch. The host answers a batch once its turns are done, so
+every turn of it may be committed while no reply has left; were the host to die then, the
+router sends them all again, and the next owner recognises each re-sent message only
+while the agent's message-id window still holds it (see ``HostedAgent.recent_messages``).
+
 Guarantees are those of separate calls: each request gets its own reply, a failed batch
 call (the host died) fails each member with the same error so each re-routes alone, and
 a batch whose arguments cannot be serialized is sent again one call per request, so
@@ -29,6 +35,7 @@ import asyncio
 import contextlib
 import pickle
 import uuid
+from collections import Counter as TallyOf
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as Finished
 from dataclasses import dataclass, field
@@ -37,7 +44,7 @@ from typing import Any
 import ray
 
 from ..errors import InvalidArgumentsError
-from ..host._messages import Envelope
+from ..host._messages import RECENT_MESSAGES, Envelope
 from ._replies import RETRY, Reply
 
 BATCH_STALL = 0.025
@@ -72,6 +79,7 @@ class _Open:
     handle: ray.actor.ActorHandle
     requests: list[EnvelopeRequest] = field(default_factory=list)
     replies: list[asyncio.Future[Reply]] = field(default_factory=list)
+    per_target: TallyOf[str] = field(default_factory=TallyOf)
 
 
 class Batcher:
@@ -84,17 +92,21 @@ class Batcher:
         """Queue ``request`` for ``host``; the future gets its reply, or the error the call to the host met."""
         loop = asyncio.get_running_loop()
         key = (loop, host, request.with_usage)
+        target = request.envelope.target
         batch = self._open.get(key)
-        if batch is None:
+        if batch is None or batch.per_target[target] >= RECENT_MESSAGES:
+            # A full batch stays scheduled as it is; later requests ride a new one.
             batch = self._open[key] = _Open(handle)
-            loop.call_soon(self._send, key)
+            loop.call_soon(self._send, key, batch)
         reply: asyncio.Future[Reply] = loop.create_future()
         batch.requests.append(request)
         batch.replies.append(reply)
+        batch.per_target[target] += 1
         return reply
 
-    def _send(self, key: tuple[asyncio.AbstractEventLoop, str, bool]) -> None:
-        batch = self._open.pop(key)
+    def _send(self, key: tuple[asyncio.AbstractEventLoop, str, bool], batch: _Open) -> None:
+        if self._open.get(key) is batch:
+            del self._open[key]
         if len(batch.requests) == 1:
             _send_alone(batch.handle, batch.requests[0], batch.replies[0])
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -86,5 +87,42 @@ def test_an_uncollected_reply_is_dropped_after_it_was_held_long_enough(monkeypat
         gate.set()
         await asyncio.sleep(0.05)
         assert await server.collect(token) == (RETRY, None)
+
+    asyncio.run(main())
+
+
+class _Sent:
+    """Stands in for a host's actor handle: records each ``serve_batch`` and answers every turn ``OK``."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.serve_batch = self
+
+    def remote(self, envelopes: list[tuple[object, ...]], with_usage: bool) -> _Sent:
+        self.batches.append([str(wire[0]) for wire in envelopes])
+        self._answer = [(index, (OK, index), None) for index in range(len(envelopes))]
+        return self
+
+    def future(self) -> concurrent.futures.Future[object]:
+        done: concurrent.futures.Future[object] = concurrent.futures.Future()
+        done.set_result(self._answer)
+        return done
+
+
+def test_a_batch_holds_at_most_the_message_window_of_one_identity() -> None:
+    from rayfleet.host._messages import RECENT_MESSAGES, Envelope
+    from rayfleet.platform._batching import Batcher, EnvelopeRequest
+
+    async def main() -> None:
+        host, batcher = _Sent(), Batcher()
+        requests = [*(["a/1"] * (2 * RECENT_MESSAGES + 8)), *(["b/1"] * 3)]
+        replies = [batcher.submit("h", host, EnvelopeRequest(Envelope(target=target, method="m")))  # type: ignore[arg-type]
+                   for target in requests]
+        await asyncio.gather(*replies)
+        # The host answers a batch once all its turns are done: no more of one identity's turns may be
+        # committed and unanswered at once than a new owner's message-id window remembers.
+        assert [len(batch) for batch in host.batches] == [RECENT_MESSAGES, RECENT_MESSAGES, 8 + 3]
+        assert all(batch.count("a/1") <= RECENT_MESSAGES for batch in host.batches)
+        assert sorted(target for batch in host.batches for target in batch) == sorted(requests)
 
     asyncio.run(main())
