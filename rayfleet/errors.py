@@ -56,6 +56,7 @@ that message, also for the errors that are a ``KeyError`` too.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -584,9 +585,11 @@ class RetryableError(DeliveryError):
 
     def __init__(self, message: str = "retryable failure", *, retry_after: float | None = None) -> None:
         if retry_after is not None and (isinstance(retry_after, bool) or not isinstance(retry_after, (int, float))
-                                        or not retry_after >= 0):
-            raise InvalidSpecError(f"retry_after must be a non-negative number of seconds or None, got {retry_after!r}",
-                                   field="retry_after")
+                                        or not 0 <= retry_after < math.inf):
+            raise InvalidSpecError(
+                f"retry_after must be a finite, non-negative number of seconds or None, got {retry_after!r}",
+                field="retry_after",
+            )
         super().__init__(message, retry_after=retry_after)
 
 

@@ -64,12 +64,16 @@ class Operation:
         """The call that passes every parameter on: positional ones by position, keyword-only ones by name.
 
         An ``Iterable`` is made a list first: a one-shot iterator must not be consumed
-        on another thread or pickled half-read.
+        on another thread or pickled half-read. A ``Mapping`` is copied into a ``dict``:
+        the caller may change its own while another thread reads it, and a mapping type
+        that does not pickle must not fail only when it crosses to the actor.
         """
         def passed(argument: ast.arg) -> str:
             annotation = argument.annotation
             if isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) == "Iterable":
                 return f"list({argument.arg})"
+            if isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) == "Mapping":
+                return f"dict({argument.arg})"
             return argument.arg
 
         positional = [passed(argument) for argument in self.parameters.args]

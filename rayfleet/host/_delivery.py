@@ -367,7 +367,10 @@ class Delivery:
     def _remember_message(
         entry: HostedAgent, envelope: Envelope, value: Any, usage: Usage, *, every_turn: bool,
     ) -> None:
-        """Remember the reply of a state-changing turn without a key under its message key (see ``recent_messages``).
+        """Remember the reply of a turn without a key that left unsaved State under its message key.
+
+        That is a turn that changed State, and under ``PERIODIC`` or ``ON_DEACTIVATE`` any
+        turn while a checkpoint is pending (see ``HostedAgent.recent_messages``).
 
         A reply too large to carry in every checkpoint is remembered in the ledger's
         dedup window instead, as an idempotency key would be.

@@ -348,7 +348,7 @@ class HostRuntime:
         idle_timeout: seconds without a turn before an agent is deactivated.
         clock: monotonic seconds for lease ages, idle and checkpoint intervals.
         wall_clock: wall-clock seconds for message deadlines and conversation
-            conversation sequences, which are compared with ``time.time()`` values from other processes.
+            sequences, which are compared with ``time.time()`` values from other processes.
         incarnation: the suffix of the lease holder id; random unless given, so a
             restarted host never passes for its previous incarnation.
         metrics: where the host's messages, leases and checkpoints are counted for

@@ -37,7 +37,7 @@ class LocalOperations(LocalTransport):
         return self._run(self.ledger.list_identities, labels=labels)
 
     def select_identities(self, *, labels: Mapping[str, str]) -> LedgerCall[list[str]]:
-        return self._run(self.ledger.select_identities, labels=labels)
+        return self._run(self.ledger.select_identities, labels=dict(labels))
 
     def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
         return self._run(self.ledger.leases, list(identities))
@@ -63,7 +63,7 @@ class LocalOperations(LocalTransport):
         )
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
-        return self._run(self.ledger.renew, holder=holder, tokens=tokens)
+        return self._run(self.ledger.renew, holder=holder, tokens=dict(tokens))
 
     def renew_holder(self, *, holder: str, ttl: float) -> LedgerCall[bool]:
         return self._run(self.ledger.renew_holder, holder=holder, ttl=ttl)
@@ -72,7 +72,7 @@ class LocalOperations(LocalTransport):
         return self._run(self.ledger.arm_holder, holder=holder, ttl=ttl)
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
-        return self._run(self.ledger.release, holder=holder, tokens=tokens)
+        return self._run(self.ledger.release, holder=holder, tokens=dict(tokens))
 
     def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
         return self._run(self.ledger.revoke_holder, holder)

@@ -114,8 +114,12 @@ class SqliteDatabase:
         self._incarnation = uuid.uuid4().hex
         try:
             if read_only:
+                # A file no process has open has no write-ahead log beside it: read it as
+                # immutable, or SQLite would make the -wal and -shm files to read it.
+                # Where a log exists, a writer may still be at work: read through it.
+                immutable = "" if Path(f"{real}-wal").exists() else "&immutable=1"
                 self._connection = sqlite3.connect(
-                    f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                    f"{real.as_uri()}?mode=ro{immutable}", uri=True, isolation_level=None,
                     check_same_thread=False, timeout=busy_timeout,
                 )
                 self.read(self._require_current_schema)

@@ -41,7 +41,7 @@ class ActorOperations:
         return answer(self._refusal, self._ledger.list_identities, labels=labels)
 
     def select_identities(self, *, labels: Mapping[str, str]) -> Answer[list[str]]:
-        return answer(self._refusal, self._ledger.select_identities, labels=labels)
+        return answer(self._refusal, self._ledger.select_identities, labels=dict(labels))
 
     def leases(self, identities: Iterable[str]) -> Answer[dict[str, LeaseView | None]]:
         return answer(self._refusal, self._ledger.leases, list(identities))
@@ -67,7 +67,7 @@ class ActorOperations:
         )
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> Answer[frozenset[str]]:
-        return answer(self._refusal, self._ledger.renew, holder=holder, tokens=tokens)
+        return answer(self._refusal, self._ledger.renew, holder=holder, tokens=dict(tokens))
 
     def renew_holder(self, *, holder: str, ttl: float) -> Answer[bool]:
         return answer(self._refusal, self._ledger.renew_holder, holder=holder, ttl=ttl)
@@ -76,7 +76,7 @@ class ActorOperations:
         return answer(self._refusal, self._ledger.arm_holder, holder=holder, ttl=ttl)
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> Answer[int]:
-        return answer(self._refusal, self._ledger.release, holder=holder, tokens=tokens)
+        return answer(self._refusal, self._ledger.release, holder=holder, tokens=dict(tokens))
 
     def revoke_holder(self, holder: str) -> Answer[list[str]]:
         return answer(self._refusal, self._ledger.revoke_holder, holder)
@@ -295,7 +295,7 @@ class RayOperations(RayTransport):
         return RayCall(self.actor.list_identities.remote(labels=labels))
 
     def select_identities(self, *, labels: Mapping[str, str]) -> LedgerCall[list[str]]:
-        return RayCall(self.actor.select_identities.remote(labels=labels))
+        return RayCall(self.actor.select_identities.remote(labels=dict(labels)))
 
     def leases(self, identities: Iterable[str]) -> LedgerCall[dict[str, LeaseView | None]]:
         return RayCall(self.actor.leases.remote(list(identities)))
@@ -319,7 +319,7 @@ class RayOperations(RayTransport):
         ))
 
     def renew(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[frozenset[str]]:
-        return RayCall(self.actor.renew.remote(holder=holder, tokens=tokens))
+        return RayCall(self.actor.renew.remote(holder=holder, tokens=dict(tokens)))
 
     def renew_holder(self, *, holder: str, ttl: float) -> LedgerCall[bool]:
         return RayCall(self.actor.renew_holder.remote(holder=holder, ttl=ttl))
@@ -328,7 +328,7 @@ class RayOperations(RayTransport):
         return RayCall(self.actor.arm_holder.remote(holder=holder, ttl=ttl))
 
     def release(self, *, holder: str, tokens: Mapping[str, int]) -> LedgerCall[int]:
-        return RayCall(self.actor.release.remote(holder=holder, tokens=tokens))
+        return RayCall(self.actor.release.remote(holder=holder, tokens=dict(tokens)))
 
     def revoke_holder(self, holder: str) -> LedgerCall[list[str]]:
         return RayCall(self.actor.revoke_holder.remote(holder))

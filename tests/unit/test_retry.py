@@ -90,7 +90,7 @@ async def test_a_retryable_errors_retry_after_lengthens_the_wait_but_never_short
     assert sleep.waits == [3.0, 0.2, 0.4]
 
 
-@pytest.mark.parametrize("retry_after", [-1.0, float("nan"), True, "soon"])
+@pytest.mark.parametrize("retry_after", [-1.0, float("nan"), float("inf"), True, "soon"])
 def test_retry_after_must_be_a_non_negative_number(retry_after: object) -> None:
     with pytest.raises(rf.InvalidSpecError, match="retry_after") as refused:
         rf.RetryableError("busy", retry_after=retry_after)  # type: ignore[arg-type]
