@@ -8,14 +8,20 @@ This module imports little on purpose: the agent class travels to the hosts by v
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 import ray
 import ray.cloudpickle
 
 import rayfleet as rf
+
+
+def noop() -> None:
+    """The function B10's steps run: nothing, so a step's cost is rayfleet's alone (journal and fencing)."""
 
 
 class BenchAgent(rf.Agent):
@@ -40,6 +46,28 @@ class BenchAgent(rf.Agent):
         """The process id of the host actor this agent runs in."""
         return os.getpid()
 
+    @rf.handler
+    async def steps(self, n: int) -> int:
+        """A turn of ``n`` durable steps of :func:`noop` (B10); changes no State."""
+        for index in range(n):
+            await self.step(f"s{index}", noop)
+        return n
+
+    @rf.handler
+    async def wait_go(self) -> Any:
+        """A turn that suspends until signal ``go`` arrives and answers its value (B11)."""
+        return await self.wait_signal("go")
+
+    @rf.handler
+    async def nap(self, seconds: float) -> float:
+        """A durable ``self.sleep(seconds)``; answers the host's wall clock after it (B11).
+
+        The clock is read after the sleep, so only the resumed run's reading is the answer:
+        the first run suspends at the sleep and never gets there.
+        """
+        await self.sleep(seconds)
+        return time.time()
+
 
 @ray.remote(num_cpus=0)
 class PlainActor:
@@ -57,6 +85,11 @@ class PlainActor:
 
     async def pid(self) -> int:
         return os.getpid()
+
+    async def nap(self, seconds: float) -> float:
+        """B11's baseline: an in-memory ``asyncio.sleep`` and the wall clock after it."""
+        await asyncio.sleep(seconds)
+        return time.time()
 
 
 def plain_actor() -> ray.actor.ActorHandle:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from . import _version
 from .checkpoints._export import ExportReport as ExportReport
+from .errors import AgentBusyError as AgentBusyError
+from .errors import ApprovalConflictError as ApprovalConflictError
 from .errors import BudgetExceededError as BudgetExceededError
 from .errors import DeadlineExceededError as DeadlineExceededError
 from .errors import DeliveryError as DeliveryError
@@ -30,6 +32,7 @@ from .errors import ModelRequestError as ModelRequestError
 from .errors import ModelResponseError as ModelResponseError
 from .errors import ModelTimeoutError as ModelTimeoutError
 from .errors import ModelUnavailableError as ModelUnavailableError
+from .errors import NonDeterminismError as NonDeterminismError
 from .errors import NotAddressableError as NotAddressableError
 from .errors import NotInAgentContextError as NotInAgentContextError
 from .errors import NotWiredError as NotWiredError
@@ -44,13 +47,19 @@ from .errors import StaleFencingTokenError as StaleFencingTokenError
 from .errors import StaleRunTokenError as StaleRunTokenError
 from .errors import StaleSequenceError as StaleSequenceError
 from .errors import StepFailedError as StepFailedError
+from .errors import StepOutcomeUnknownError as StepOutcomeUnknownError
+from .errors import StepValueError as StepValueError
 from .errors import StorageError as StorageError
 from .errors import StorageUnavailableError as StorageUnavailableError
+from .errors import TurnError as TurnError
+from .errors import TurnInterruptedError as TurnInterruptedError
+from .errors import UnknownApprovalError as UnknownApprovalError
 from .errors import UnknownDeadLetterError as UnknownDeadLetterError
 from .errors import UnknownHandlerError as UnknownHandlerError
 from .errors import UnknownIdentityError as UnknownIdentityError
 from .errors import UnknownRunError as UnknownRunError
 from .errors import UsageError as UsageError
+from .errors import WaitTimeoutError as WaitTimeoutError
 from .errors import WorkflowError as WorkflowError
 from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
@@ -80,15 +89,21 @@ from .llm._chat import ChatMessage as ChatMessage
 from .llm._chat import ChatModel as ChatModel
 from .llm._chat import ChatReply as ChatReply
 from .llm._chat import reply_with_usage as reply_with_usage
+from .platform._approvals_client import ApprovalsClient as ApprovalsClient
 from .platform._fleet import Fleet as Fleet
 from .platform._fleet import FleetConfig as FleetConfig
 from .platform._fleet import connect as connect
 from .platform._ref import AgentRef as AgentRef
+from .platform._ref import CallOptions as CallOptions
 from .platform._runs_client import RunInfo as RunInfo
 from .platform._runs_client import RunsClient as RunsClient
 from .platform._topology_client import TopologyClient as TopologyClient
 from .retry import RetryPolicy as RetryPolicy
 from .roster._apply import ApplyReport as ApplyReport
+from .turns._values import ApprovalInfo as ApprovalInfo
+from .turns._values import Decision as Decision
+from .turns._values import TimerInfo as TimerInfo
+from .turns._values import TurnStatus as TurnStatus
 from .workflow._definition import AgentFailure as AgentFailure
 from .workflow._definition import AllOf as AllOf
 from .workflow._definition import AnyOf as AnyOf
@@ -107,6 +122,7 @@ __version__ = _version.VERSION
 __all__ = [
     # Entry point and driver API
     "AgentRef",
+    "CallOptions",
     "Fleet",
     "FleetConfig",
     "HostInfo",
@@ -115,6 +131,7 @@ __all__ = [
     "ExportReport",
     "HostStatistics",
     "RunsClient",
+    "ApprovalsClient",
     "TopologyClient",
     "connect",
     # Defining agents
@@ -206,4 +223,17 @@ __all__ = [
     "UnknownRunError",
     "UsageError",
     "WorkflowError",
+    "AgentBusyError",
+    "ApprovalConflictError",
+    "NonDeterminismError",
+    "StepOutcomeUnknownError",
+    "StepValueError",
+    "TurnError",
+    "TurnStatus",
+    "Decision",
+    "ApprovalInfo",
+    "TimerInfo",
+    "TurnInterruptedError",
+    "UnknownApprovalError",
+    "WaitTimeoutError",
 ]

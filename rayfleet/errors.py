@@ -26,6 +26,15 @@ catches one kind of failure without naming every leaf::
     │   ├── StaleSequenceError                        a conversation's sequence went backwards
     │   ├── UnknownDeadLetterError (also KeyError)    no dead letter has that id
     │   └── RetryableError                            raised by a handler: retry this turn with backoff
+    ├── TurnError                                     a durable turn: its journal, suspension or mailbox
+    │   ├── NonDeterminismError                       a replayed turn reached a different step than its journal
+    │   ├── StepOutcomeUnknownError                   a step was started but its outcome was never journaled
+    │   ├── StepValueError                            a step's value cannot be journaled (not picklable)
+    │   ├── TurnInterruptedError                      the turn was cancelled by an INTERRUPT message or cancel()
+    │   ├── AgentBusyError                            a REJECT message found a turn in progress
+    │   ├── WaitTimeoutError                          a durable wait (signal, approval) timed out
+    │   ├── ApprovalConflictError                     an approval was already decided, or its version moved
+    │   └── UnknownApprovalError (also KeyError)      no approval has that id
     ├── WorkflowError                                 a workflow run
     │   ├── StepFailedError                           a workflow step failed
     │   ├── BudgetExceededError                       a workflow spent more than its budget
@@ -60,6 +69,8 @@ import math
 from typing import Any
 
 __all__ = [
+    "AgentBusyError",
+    "ApprovalConflictError",
     "BudgetExceededError",
     "DeadlineExceededError",
     "DeliveryError",
@@ -72,15 +83,16 @@ __all__ = [
     "InvalidArgumentsError",
     "InvalidSpecError",
     "InvalidStateError",
+    "LeaseLostError",
     "LedgerError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
-    "LeaseLostError",
     "ModelError",
     "ModelRequestError",
     "ModelResponseError",
     "ModelTimeoutError",
     "ModelUnavailableError",
+    "NonDeterminismError",
     "NotAddressableError",
     "NotInAgentContextError",
     "NotWiredError",
@@ -90,18 +102,24 @@ __all__ = [
     "RunCancelledError",
     "RunOwnedElsewhereError",
     "SnapshotError",
-    "StorageError",
-    "StorageUnavailableError",
     "StaleCheckpointVersionError",
     "StaleFencingTokenError",
     "StaleRunTokenError",
     "StaleSequenceError",
     "StepFailedError",
+    "StepOutcomeUnknownError",
+    "StepValueError",
+    "StorageError",
+    "StorageUnavailableError",
+    "TurnError",
+    "TurnInterruptedError",
+    "UnknownApprovalError",
     "UnknownDeadLetterError",
     "UnknownHandlerError",
     "UnknownIdentityError",
     "UnknownRunError",
     "UsageError",
+    "WaitTimeoutError",
     "WorkflowError",
     "is_retryable",
 ]
@@ -591,6 +609,215 @@ class RetryableError(DeliveryError):
                 field="retry_after",
             )
         super().__init__(message, retry_after=retry_after)
+
+
+# --------------------------------------------------------------------------- durable turns
+
+
+class TurnError(RayfleetError):
+    """A durable turn could not go on: its journal disagreed, it was cancelled or refused, or a wait failed."""
+
+
+class NonDeterminismError(TurnError):
+    """A replayed turn asked for something other than what its journal holds at the same position.
+
+    A turn that is run again (its host died, or it resumes after a suspension) must
+    reach the same steps, sleeps, signals and approvals in the same order as before;
+    the handler changed between the runs, or it branches on something that is not
+    journaled (the clock, randomness, a read outside a step). The turn fails; nothing
+    of it is committed.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn (its message id).
+        position: the journal position where the runs parted.
+        journaled: what the journal holds there (``kind:name``).
+        requested: what the handler asked for this time (``kind:name``).
+    """
+
+    identity: str
+    turn_id: str
+    position: int
+    journaled: str
+    requested: str
+
+    def __init__(self, *, identity: str, turn_id: str, position: int, journaled: str, requested: str) -> None:
+        super().__init__(
+            f"turn {turn_id!r} of {identity!r} is not deterministic: at position {position} its journal holds "
+            f"{journaled!r} but the handler asked for {requested!r} this time. Keep everything a handler branches "
+            f"on inside self.step(...) (clock, randomness, outside reads), and deploy a changed handler only "
+            f"once no turn of the old one is in progress (fleet.turns(identity) lists them).",
+            identity=identity, turn_id=turn_id, position=position, journaled=journaled, requested=requested,
+        )
+
+
+class StepOutcomeUnknownError(TurnError):
+    """Raised inside a handler: a step with ``policy="unknown"`` was started but its outcome was never journaled.
+
+    Its host died between starting the function and journaling the result, so the
+    effect may or may not have happened. The handler decides (look the effect up by
+    ``step_key``, ask a person, give up); the decision is journaled like any outcome.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn.
+        step: the step's name.
+        step_key: the step's stable key (``identity:turn:position``), to look the effect up by.
+    """
+
+    identity: str
+    turn_id: str
+    step: str
+    step_key: str
+
+    def __init__(self, *, identity: str, turn_id: str, step: str, step_key: str) -> None:
+        super().__init__(
+            f"step {step!r} of turn {turn_id!r} of {identity!r} was started but its outcome was never journaled "
+            f"(its host stopped in between); it may or may not have taken effect. Look the effect up by its "
+            f"step key {step_key!r}, or run the step with policy='retry' when running it twice is harmless.",
+            identity=identity, turn_id=turn_id, step=step, step_key=step_key,
+        )
+
+
+class StepValueError(TurnError):
+    """A step's value (or error) cannot be journaled: it cannot be serialized.
+
+    The step ran; its outcome is not journaled and the turn fails, so a retry runs it
+    again. Return something cloudpickle (or Arrow, or a pydantic model) can encode.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn.
+        step: the step's name.
+        detail: why the value could not be encoded.
+    """
+
+    identity: str
+    turn_id: str
+    step: str
+    detail: str
+
+    def __init__(self, *, identity: str, turn_id: str, step: str, detail: str) -> None:
+        super().__init__(
+            f"the value of step {step!r} of turn {turn_id!r} of {identity!r} cannot be journaled: {detail}. "
+            f"Return a value cloudpickle can encode (plain data, a pydantic model, an Arrow table), or return "
+            f"what is needed to rebuild it.",
+            identity=identity, turn_id=turn_id, step=step, detail=detail,
+        )
+
+
+class TurnInterruptedError(TurnError):
+    """The turn was cancelled by an ``INTERRUPT`` message or ``TurnHandle.cancel()``; nothing of it was committed.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the interrupted turn.
+        by: what interrupted it (the interrupting message's id, or ``"cancel"``).
+    """
+
+    identity: str
+    turn_id: str
+    by: str
+
+    def __init__(self, *, identity: str, turn_id: str, by: str) -> None:
+        super().__init__(
+            f"turn {turn_id!r} of {identity!r} was interrupted ({by}); its State and unfinished steps were "
+            f"discarded, nothing of it was committed. Send the message again if it is still wanted.",
+            identity=identity, turn_id=turn_id, by=by,
+        )
+
+
+class AgentBusyError(TurnError):
+    """A message sent with ``mode="reject"`` found a turn of the agent in progress; it was not run.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn in progress (running or suspended).
+        status: that turn's status (``RUNNING`` or ``SUSPENDED``).
+    """
+
+    identity: str
+    turn_id: str
+    status: str
+
+    def __init__(self, *, identity: str, turn_id: str, status: str) -> None:
+        super().__init__(
+            f"{identity!r} is busy with turn {turn_id!r} ({status}); the message was refused and not run. "
+            f"Send it again later, or with mode='queue' to wait its turn or mode='steer' to join the running turn.",
+            identity=identity, turn_id=turn_id, status=status,
+        )
+
+
+class WaitTimeoutError(TurnError):
+    """Raised inside a handler: a durable wait (``wait_signal``, ``approval``) reached its timeout first.
+
+    Not a ``TimeoutError``: the turn is not retried for it (a replay would meet the same
+    journaled timeout). Catch it in the handler to decide what a timeout means.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn.
+        waiting_for: what it waited for (``signal:<name>`` or ``approval:<id>``).
+        timeout: the timeout in seconds.
+    """
+
+    identity: str
+    turn_id: str
+    waiting_for: str
+    timeout: float
+
+    def __init__(self, *, identity: str, turn_id: str, waiting_for: str, timeout: float) -> None:
+        super().__init__(
+            f"turn {turn_id!r} of {identity!r} waited {timeout:g} s for {waiting_for} and it did not come; "
+            f"catch WaitTimeoutError in the handler to decide what a timeout means.",
+            identity=identity, turn_id=turn_id, waiting_for=waiting_for, timeout=timeout,
+        )
+
+
+class ApprovalConflictError(TurnError):
+    """A decision on an approval was refused: it was decided already, or its version moved past ``expect_version``.
+
+    Nothing was changed. The error names who decided first, so a console can say
+    "already approved by alice".
+
+    Attributes:
+        approval_id: the approval.
+        status: its status now (``APPROVED``, ``REJECTED``, or ``PENDING`` on a version mismatch).
+        decided_by: who decided it (``""`` while pending).
+        version: its version now.
+    """
+
+    approval_id: str
+    status: str
+    decided_by: str
+    version: int
+
+    def __init__(self, *, approval_id: str, status: str, decided_by: str, version: int) -> None:
+        if status == "PENDING":
+            why = f"approval {approval_id!r} changed since you read it (it is at version {version} now)"
+        else:
+            why = f"approval {approval_id!r} was already {status.lower()} by {decided_by or 'someone'}"
+        super().__init__(
+            f"{why}; your decision was not applied. Read it again with fleet.approvals.get({approval_id!r}).",
+            approval_id=approval_id, status=status, decided_by=decided_by, version=version,
+        )
+
+
+class UnknownApprovalError(TurnError, KeyError):
+    """No approval has this id.
+
+    Attributes:
+        approval_id: the id asked for.
+    """
+
+    approval_id: str
+
+    def __init__(self, *, approval_id: str) -> None:
+        super().__init__(
+            f"there is no approval {approval_id!r}; list pending ones with fleet.approvals.list() "
+            f"or `rayfleet approvals list`",
+            approval_id=approval_id,
+        )
 
 
 # --------------------------------------------------------------------------- workflow runs

@@ -24,6 +24,7 @@ import pydantic
 from ..errors import LedgerUnavailableError, RayfleetError
 from ..identity._values import DEFAULT_DEDUP_CAPACITY, SnapshotPointer
 from ..ledger._contract import LedgerClient
+from ..ledger._turn_rows import TurnEnd
 from ..ledger._values import CheckpointCommit, StepEntry, StepJournaled
 from ._store import SnapshotRow, SnapshotStore
 
@@ -55,6 +56,8 @@ class Checkpoint:
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     step: StepEntry | None = None
     """A workflow step's output to journal in the same ledger transaction (see ``CheckpointCommit.step``)."""
+    turn_end: TurnEnd | None = None
+    """A durable turn this checkpoint completes, in the same transaction (see ``CheckpointCommit.turn_end``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +232,7 @@ class GroupCommitter:
                 commits.append(CheckpointCommit(
                     identity=checkpoint.identity, fencing_token=checkpoint.fencing_token, version=checkpoint.version,
                     pointer=pointer, dedup=checkpoint.dedup, dedup_capacity=checkpoint.dedup_capacity,
-                    step=checkpoint.step,
+                    step=checkpoint.step, turn_end=checkpoint.turn_end,
                 ))
             written.extend(items)
         if not commits:

@@ -32,6 +32,13 @@ class JournalFileStore:
         """
         self._storage = StorageRoot(root, what="journal storage")
 
+    @classmethod
+    def on(cls, storage: StorageRoot) -> JournalFileStore:
+        """A store on a storage root already resolved (a host's snapshot storage)."""
+        files = cls.__new__(cls)
+        files._storage = storage
+        return files
+
     @property
     def storage(self) -> StorageRoot:
         """The storage root the files live on."""

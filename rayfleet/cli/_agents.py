@@ -11,7 +11,7 @@ import click
 from ._output import Column, emit_fields, emit_json, emit_line, emit_table, json_option, moment
 from ._session import FleetOptions, open_fleet, open_records, pass_options
 
-RESERVED_CALL_OPTIONS = ("timeout", "idempotency_key", "deadline", "conversation", "sequence")
+RESERVED_CALL_OPTIONS = ("timeout", "idempotency_key", "deadline", "conversation", "sequence", "mode")
 """Keyword names ``AgentRef.call`` keeps for itself, so they cannot be handler arguments from the CLI."""
 
 LIST_COLUMNS = (

@@ -11,6 +11,7 @@ from .agents import Booking as Booking
 from .agents import Counter as Counter
 from .agents import Notebook as Notebook
 from .agents import Planner as Planner
+from .agents import Refunds as Refunds
 from .agents import Researcher as Researcher
 from .agents import Reviewer as Reviewer
 
@@ -20,6 +21,7 @@ __all__ = [
     "Counter",
     "Notebook",
     "Planner",
+    "Refunds",
     "Researcher",
     "Reviewer",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
@@ -12,7 +13,7 @@ from ..errors import InvalidStateError
 from ..platform._fleet import Fleet, connect
 from ..platform._runner import RUNNER_ACTOR_NAME
 from ..workflow._definition import Budget, Quorum, RunStatus, Select, Workflow
-from .agents import Bank, Booking, Counter, Notebook, Reviewer
+from .agents import Bank, Booking, Counter, Notebook, Refunds, Reviewer
 
 DEMO_NAMESPACE = "rayfleet-demo"
 
@@ -74,9 +75,12 @@ def run_demo(
         generation = fleet.status("notes/ops").generation
         say(f"7. Reset notes/ops: generation {generation}, fresh notes {notes.call(Notebook.read)}.")
         saga_ok = _trip_saga(fleet, say)
-        ok = after_total == 6 and token_after > token_before and bob.call(Counter.get) == 40 and saga_ok
+        approval_ok = _approved_refund(fleet, say)
+        ok = (after_total == 6 and token_after > token_before and bob.call(Counter.get) == 40 and saga_ok
+              and approval_ok)
         say(f"Demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f}s: state survived a host "
-            f"crash with exactly one owner per identity, and the sagas compensated and resumed.")
+            f"crash with exactly one owner per identity, the sagas compensated and resumed, and a suspended turn "
+            f"resumed on its approval.")
         return 0 if ok else 1
     finally:
         fleet.shutdown(stop_actors=True)
@@ -122,3 +126,24 @@ def _trip_saga(fleet: Fleet, say: Callable[[str], None]) -> bool:
     return (good.status is RunStatus.COMPLETED and bad.status is RunStatus.COMPENSATED
             and bad.compensated == ("hotel", "flight") and resumed.status is RunStatus.COMPLETED
             and airline["calls"] == 3)
+
+
+def _approved_refund(fleet: Fleet, say: Callable[[str], None]) -> bool:
+    refunds = fleet.spawn("refunds/eu", Refunds)
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(refunds.call, Refunds.refund, order="A-17", eur=500, timeout=120)
+        for _ in range(400):
+            pending = fleet.approvals.list(identity="refunds/*")
+            if pending:
+                break
+            time.sleep(0.05)
+        (approval,) = pending
+        deactivated = fleet.deactivate("refunds/eu")
+        say(f"11. refunds/eu asked for a manager's approval of a 500 EUR refund and suspended: the turn is in the "
+            f"ledger, waiting for approval {approval.id}; the agent was {'deactivated' if deactivated else 'left'} "
+            f"while it waits, holding no host.")
+        fleet.approvals.resolve(approval.id, approved=True, by="manager", comment="ok")
+        answer: str = asked.result(timeout=120)
+    say(f"12. The manager approved it; the turn was delivered to a host again, replayed from its journal and "
+        f"finished: {answer!r}.")
+    return answer == "refunded 500 EUR for A-17, approved by manager"

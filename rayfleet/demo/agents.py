@@ -135,3 +135,18 @@ class Bank(rf.Agent):
             raise ValueError(f"card declined: {amount} is over the limit of {self.state.limit}")
         self.state.charged = [*self.state.charged, trip]
         return {"ok": True, "trip": trip, "amount": amount}
+
+
+class Refunds(rf.Agent):
+    """Refunds an order once a manager approves it: the turn waits durably, holding no host."""
+
+    class State(rf.State):
+        refunded: dict[str, int] = {}
+
+    @rf.handler
+    async def refund(self, order: str, eur: int) -> str:
+        decision = await self.approval("refund", data={"order": order, "eur": eur}, approvers=["manager"])
+        if not decision.approved:
+            return f"refund of {order} refused by {decision.by}"
+        self.state.refunded[order] = eur
+        return f"refunded {eur} EUR for {order}, approved by {decision.by}"

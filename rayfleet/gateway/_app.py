@@ -36,11 +36,15 @@ from ._models import (
     AgentStatusModel,
     ApplyReportModel,
     ApplyRosterQuery,
+    ApprovalList,
+    ApprovalModel,
+    ApprovalsQuery,
     CallQuery,
     CallResult,
     DeadLetterList,
     DeadLetterModel,
     DeadLettersQuery,
+    DecisionRequest,
     EdgeList,
     ListAgentsQuery,
     ListRunsQuery,
@@ -50,7 +54,13 @@ from ._models import (
     RunModel,
     RunPage,
     RunSubmitted,
+    SignalRequest,
+    SignalSent,
     SubmitRunRequest,
+    TimerChanged,
+    TimerList,
+    TimerModel,
+    TimersQuery,
     TopologyExport,
     TopologyQuery,
 )
@@ -62,7 +72,7 @@ log = logging.getLogger("rayfleet.gateway")
 
 JSON_MEDIA = "application/json"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-CALL_OPTIONS = frozenset({"timeout", "idempotency_key", "deadline", "conversation", "sequence"})
+CALL_OPTIONS = frozenset({"timeout", "idempotency_key", "deadline", "conversation", "sequence", "mode"})
 """Keywords ``AgentRef.ask`` takes as call options, so a handler argument cannot have these names over HTTP."""
 MAX_PATH_VALUE = 400
 """Longest identity, run id or method accepted in a path (identities stop at 200 anyway)."""
@@ -341,7 +351,9 @@ async def call_agent(request: web.Request) -> web.Response:
                           f"handler arguments named {', '.join(reserved)} cannot be passed over HTTP: these names are "
                           f"call options (use the {IDEMPOTENCY_HEADER} header and the timeout query parameter)",
                           field=f"body.{reserved[0]}")
-    value = await gateway.fleet.agent(identity).ask(method, timeout=timeout, idempotency_key=key, **arguments)
+    mode = _query(request, CallQuery).mode
+    value = await gateway.fleet.agent(identity).ask(method, timeout=timeout, idempotency_key=key, mode=mode,
+                                                    **arguments)
     return _respond(CallResult(identity=identity, method=method,
                                value=_jsonable(value, what=f"handler {method!r} of {identity!r}")))
 
@@ -520,6 +532,62 @@ async def replay_dead_letter(request: web.Request) -> web.Response:
     return _respond(ReplayResult(letter_id=letter_id, value=_jsonable(value, what=f"the replay of letter {letter_id}")))
 
 
+# --------------------------------------------------------------------------- signals and approvals
+
+
+async def send_signal(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    identity = _identity(request)
+    name = _path_text(request, "name")
+    body = await _body(request, required=False)
+    signal = _validated(SignalRequest, {} if body is None else body)
+    woken = await _off_loop(gateway.fleet.signal, identity, name, signal.value, signal_id=signal.signal_id)
+    return _respond(SignalSent(identity=identity, name=name, woken=woken), status=202)
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    query = _query(request, ApprovalsQuery)
+    size = _page_size(query.limit, gateway.limits)
+    found = await _off_loop(gateway.fleet.approvals.list, status=None if query.status == "ALL" else query.status,
+                            identity=query.identity, limit=size)
+    return _respond(ApprovalList(approvals=[ApprovalModel.of(info) for info in found]))
+
+
+async def get_approval(request: web.Request) -> web.Response:
+    info = await _off_loop(_gateway(request).fleet.approvals.get, _path_text(request, "approval_id"))
+    return _respond(ApprovalModel.of(info))
+
+
+async def decide_approval(request: web.Request) -> web.Response:
+    approval_id = _path_text(request, "approval_id")
+    decision = _validated(DecisionRequest, await _body(request, required=True))
+    info = await _off_loop(_gateway(request).fleet.approvals.resolve, approval_id, approved=decision.approved,
+                           by=decision.by, comment=decision.comment, data=decision.data,
+                           expect_version=decision.expect_version)
+    return _respond(ApprovalModel.of(info))
+
+
+async def list_timers(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    query = _query(request, TimersQuery)
+    size = _page_size(query.limit, gateway.limits)
+    found = await _off_loop(gateway.fleet.timers, query.identity, due_within=query.due_within, limit=size)
+    return _respond(TimerList(timers=[TimerModel.of(info) for info in found]))
+
+
+async def fire_timer(request: web.Request) -> web.Response:
+    identity, name = _identity(request), _path_text(request, "name")
+    await _off_loop(_gateway(request).fleet.fire_timer, identity, name)
+    return _respond(TimerChanged(identity=identity, name=name, due_now=True), status=202)
+
+
+async def cancel_timer(request: web.Request) -> web.Response:
+    identity, name = _identity(request), _path_text(request, "name")
+    cancelled = await _off_loop(_gateway(request).fleet.cancel_timer, identity, name)
+    return _respond(TimerChanged(identity=identity, name=name, cancelled=cancelled))
+
+
 # --------------------------------------------------------------------------- the document
 
 
@@ -533,6 +601,10 @@ _IDENTITY = PathParameter(
 )
 _RUN_ID = PathParameter(name="run_id", description="The run's id; a '/' in it is sent as %2F.",
                         schema={"type": "string", "minLength": 1, "maxLength": MAX_PATH_VALUE})
+_APPROVAL_ID = PathParameter(name="approval_id", description="The approval's id (from the listing).",
+                             schema={"type": "string", "minLength": 1, "maxLength": MAX_PATH_VALUE})
+_TIMER_NAME = PathParameter(name="name", description="The timer's name.",
+                            schema={"type": "string", "minLength": 1, "maxLength": 200})
 _TIMEOUT_ERRORS = (400, 401, 404, 409, 413, 415, 502, 503, 504)
 _EVENT_SCHEMA: Mapping[str, Any] = {
     "type": "string",
@@ -567,6 +639,36 @@ OPERATIONS: tuple[Operation, ...] = (
               tag="agents", summary="Server-Sent Events of one identity, from now on.",
               path_parameters=(_IDENTITY,), response_media="text/event-stream", response_schema=dict(_EVENT_SCHEMA),
               error_statuses=(400, 404, 503)),
+    Operation(method="POST", path="/v1/agents/{identity}/signals/{name}", handler=send_signal,
+              operation_id="sendSignal", tag="agents",
+              summary="Send a durable signal: it resumes the turn waiting for it, or is kept until one waits.",
+              path_parameters=(_IDENTITY, PathParameter(name="name", description="The signal's name.",
+                                                        schema={"type": "string", "minLength": 1,
+                                                                "maxLength": 200})),
+              body=SignalRequest, success=202, response=SignalSent, error_statuses=(400, 404, 413, 415, 503)),
+    Operation(method="GET", path="/v1/approvals", handler=list_approvals, operation_id="listApprovals",
+              tag="approvals", summary="Approvals by status and identity glob, oldest first.", query=ApprovalsQuery,
+              response=ApprovalList, error_statuses=(400, 503)),
+    Operation(method="GET", path="/v1/approvals/{approval_id}", handler=get_approval, operation_id="getApproval",
+              tag="approvals", summary="One approval with its data and audit trail.",
+              path_parameters=(_APPROVAL_ID,), response=ApprovalModel, error_statuses=(400, 404, 503)),
+    Operation(method="POST", path="/v1/approvals/{approval_id}/decision", handler=decide_approval,
+              operation_id="decideApproval", tag="approvals",
+              summary="Approve or reject a pending approval, once; the waiting turn resumes.",
+              description="A compare-and-set: a second decision, or one with a stale expect_version, is refused "
+                          "with 409 naming who decided first.",
+              path_parameters=(_APPROVAL_ID,), body=DecisionRequest, body_required=True, response=ApprovalModel,
+              error_statuses=(400, 404, 409, 413, 415, 503)),
+    Operation(method="GET", path="/v1/timers", handler=list_timers, operation_id="listTimers", tag="timers",
+              summary="Reminders and schedules, soonest due first, with their fired, missed and late counts.",
+              query=TimersQuery, response=TimerList, error_statuses=(400, 404, 503)),
+    Operation(method="POST", path="/v1/timers/{identity}/{name}/fire", handler=fire_timer,
+              operation_id="fireTimer", tag="timers", summary="Make a timer due now; a host fires it within a second.",
+              path_parameters=(_IDENTITY, _TIMER_NAME), success=202, response=TimerChanged,
+              error_statuses=(400, 404, 503)),
+    Operation(method="POST", path="/v1/timers/{identity}/{name}/cancel", handler=cancel_timer,
+              operation_id="cancelTimer", tag="timers", summary="Remove a timer.",
+              path_parameters=(_IDENTITY, _TIMER_NAME), response=TimerChanged, error_statuses=(400, 404, 503)),
     Operation(method="POST", path="/v1/roster", handler=apply_roster, operation_id="applyRoster", tag="roster",
               summary="Make the fleet match a roster (the roster file's model, as JSON).",
               description="Agent classes must be ones the fleet already hosts or come from a module the operator "

@@ -19,6 +19,7 @@ from ..platform._runs_client import RunInfo
 from ..roster._apply import ApplyReport
 from ..topology._graph import Edge, LiveEdge
 from ..topology._reconcile import ReconcileReport
+from ..turns._values import ApprovalInfo, TimerInfo
 from ..workflow._definition import RunStatus
 
 _DOTTED_NAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -43,6 +44,8 @@ class CallQuery(_Request):
     timeout: float | None = pydantic.Field(
         default=None, gt=0, description="Seconds to wait for the reply (default and maximum set by the operator)."
     )
+    mode: Literal["queue", "steer", "interrupt", "reject"] | None = pydantic.Field(
+        default=None, description="What the call does if the agent has a turn in progress (default: its on_busy).")
 
 
 class ListAgentsQuery(_Request):
@@ -90,7 +93,45 @@ class DeadLettersQuery(_Request):
     limit: int | None = pydantic.Field(default=None, ge=1, description="Letters to list, oldest first.")
 
 
+class ApprovalsQuery(_Request):
+    """Query of the approvals listing."""
+
+    status: Literal["PENDING", "APPROVED", "REJECTED", "ALL"] = pydantic.Field(
+        default="PENDING", description="Only approvals with this status (ALL: any).")
+    identity: str | None = pydantic.Field(default=None, min_length=1, max_length=200,
+                                          description="Only approvals of identities matching this glob (support/*).")
+    limit: int | None = pydantic.Field(default=None, ge=1, description="Approvals to list, oldest first.")
+
+
+class TimersQuery(_Request):
+    """Query of the timers listing."""
+
+    identity: str | None = pydantic.Field(default=None, min_length=1, max_length=200,
+                                          description="Only this identity's timers.")
+    due_within: float | None = pydantic.Field(default=None, ge=0, description="Only timers due within these seconds.")
+    limit: int | None = pydantic.Field(default=None, ge=1, description="Timers to list, soonest due first.")
+
+
 # --------------------------------------------------------------------------- request bodies
+
+
+class SignalRequest(_Request):
+    """A signal's value and id."""
+
+    value: Any = pydantic.Field(default=None, description="The signal's value (JSON); the waiting turn gets it.")
+    signal_id: str | None = pydantic.Field(default=None, min_length=1, max_length=200,
+                                           description="Repeat-safe id: the signal is recorded once per id.")
+
+
+class DecisionRequest(_Request):
+    """A decision on an approval."""
+
+    approved: pydantic.StrictBool
+    by: str = pydantic.Field(min_length=1, max_length=200, description="Who decides (one of its approvers, if any).")
+    comment: str = pydantic.Field(default="", max_length=4000)
+    data: Any = pydantic.Field(default=None, description="Data attached to the decision (JSON).")
+    expect_version: int | None = pydantic.Field(
+        default=None, ge=1, description="Decide only if the approval is still at this version (409 otherwise).")
 
 
 class SubmitRunRequest(_Request):
@@ -314,3 +355,88 @@ class DeadLetterList(_Response):
 class ReplayResult(_Response):
     letter_id: int
     value: Any = pydantic.Field(description="What the handler returned to the replayed message, as JSON.")
+
+
+class SignalSent(_Response):
+    identity: str
+    name: str
+    woken: int = pydantic.Field(description="Suspended turns it resumed (0: kept until a turn waits for it).")
+
+
+class ApprovalModel(_Response):
+    """One approval of the registry (rf.ApprovalInfo)."""
+
+    id: str
+    identity: str
+    turn_id: str
+    run_id: str
+    subject: str
+    data: Any
+    approvers: list[str]
+    status: str
+    version: int
+    decided_by: str
+    comment: str
+    decision_data: Any
+    created: float
+    decided: float | None
+    due: float | None
+    on_timeout: str
+    audit: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, info: ApprovalInfo) -> ApprovalModel:
+        return cls(
+            id=info.id, identity=info.identity, turn_id=info.turn_id, run_id=info.run_id, subject=info.subject,
+            data=to_jsonable_python(info.data, fallback=repr), approvers=list(info.approvers), status=info.status,
+            version=info.version, decided_by=info.decided_by, comment=info.comment,
+            decision_data=to_jsonable_python(info.decision_data, fallback=repr), created=info.created,
+            decided=info.decided, due=info.due, on_timeout=info.on_timeout, audit=[dict(entry) for entry in info.audit],
+        )
+
+
+class ApprovalList(_Response):
+    approvals: list[ApprovalModel]
+
+
+class TimerModel(_Response):
+    """One reminder or schedule (rf.TimerInfo)."""
+
+    identity: str
+    name: str
+    kind: str
+    method: str
+    payload: Any
+    next_due: float
+    every: float | None
+    cron: str
+    tz: str
+    overlap: str
+    catch_up: str
+    created: float
+    last_fired: float | None
+    fired: int
+    missed: int
+    late: int
+    last_lateness: float | None
+
+    @classmethod
+    def of(cls, info: TimerInfo) -> TimerModel:
+        return cls(
+            identity=info.identity, name=info.name, kind=info.kind, method=info.method,
+            payload=to_jsonable_python(info.payload, fallback=repr), next_due=info.next_due, every=info.every,
+            cron=info.cron, tz=info.tz, overlap=info.overlap, catch_up=info.catch_up, created=info.created,
+            last_fired=info.last_fired, fired=info.fired, missed=info.missed, late=info.late,
+            last_lateness=info.last_lateness,
+        )
+
+
+class TimerList(_Response):
+    timers: list[TimerModel]
+
+
+class TimerChanged(_Response):
+    identity: str
+    name: str
+    due_now: bool = False
+    cancelled: bool = False

@@ -13,6 +13,7 @@ from typing import Any
 import pydantic
 
 from ..errors import (
+    ApprovalConflictError,
     DeadlineExceededError,
     FleetUnavailableError,
     HandlerError,
@@ -31,6 +32,7 @@ from ..errors import (
     StaleRunTokenError,
     StaleSequenceError,
     StorageUnavailableError,
+    UnknownApprovalError,
     UnknownDeadLetterError,
     UnknownHandlerError,
     UnknownIdentityError,
@@ -80,6 +82,8 @@ _STATUSES: tuple[tuple[type[RayfleetError], int, str | None], ...] = (
     (UnknownHandlerError, 404, "method"),
     (UnknownRunError, 404, "run_id"),
     (UnknownDeadLetterError, 404, "letter_id"),
+    (UnknownApprovalError, 404, "approval_id"),
+    (ApprovalConflictError, 409, "approval_id"),
     (NotAddressableError, 403, "identity"),
     (DeadlineExceededError, 504, "timeout"),
     (HandlerError, 502, None),

@@ -47,17 +47,21 @@ keep a lease healthy, checkpoint and publish events.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
+from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._step_outputs import SPILL_THRESHOLD, encode_output
 from ..errors import (
+    AgentBusyError,
+    ApprovalConflictError,
     DeadlineExceededError,
     HandlerError,
     InvalidArgumentsError,
@@ -66,13 +70,21 @@ from ..errors import (
     NotAddressableError,
     RayfleetError,
     StaleSequenceError,
+    TurnInterruptedError,
+    UnknownApprovalError,
     UnknownHandlerError,
+    UsageError,
     is_retryable,
 )
 from ..identity._agent import run_handler
 from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
+from ..ledger._turn_rows import ApprovalRequest, ApprovalRow, TurnEnd, TurnRecord, TurnWrite
 from ..ledger._values import StepEntry, StepJournaled
+from ..turns._approvals import TIMEOUT_DECIDER
+from ..turns._context import TurnContext, TurnSuspended
+from ..turns._current import CURRENT_TURN
+from ..turns._values import TurnStatus
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
@@ -83,8 +95,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rayfleet.pipeline")
 
+T = TypeVar("T")
+
 PARKED_REPLAY_BATCH = 100
 """Parked messages read from the ledger per round of a resume."""
+
+LOCAL_WAKE_HORIZON = 60.0
+"""A turn suspended until at most this many seconds from now is woken by a timer on its host, on
+time; a later wake is left to the fleet's wake sweep, so a long wait holds nothing on the host."""
+
+WAITER_CHECK_INTERVAL = 1.0
+"""How often a caller waiting for a suspended turn checks that its host still holds the identity."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -173,6 +194,55 @@ def _step_entry(journal: tuple[str, str, int], value: Any, usage: Usage) -> Step
                      tokens=max(0, usage.total_tokens))
 
 
+class _HostJournal:
+    """A turn's journal on this host: reads from the ledger, writes fenced by the entry's token."""
+
+    __slots__ = ("_delivery", "_entry")
+
+    def __init__(self, delivery: Delivery, entry: HostedAgent) -> None:
+        self._delivery = delivery
+        self._entry = entry
+
+    @property
+    def files(self) -> JournalFileStore | None:
+        return self._delivery._journal_files
+
+    async def read(self, turn_id: str) -> TurnRecord | None:
+        return await self._delivery._ledger.turn(identity=self._entry.spec.identity, turn_id=turn_id)
+
+    async def write(self, turn: TurnWrite) -> None:
+        ledger, identity = self._delivery._ledger, self._entry.spec.identity
+        await self._delivery._activations.fenced_write(self._entry, "journal", lambda token: ledger.write_turn(
+            identity=identity, fencing_token=token, turn=turn))
+
+    async def request_approval(self, request: ApprovalRequest, turn: TurnWrite) -> ApprovalRow:
+        ledger, identity = self._delivery._ledger, self._entry.spec.identity
+        return await self._delivery._activations.fenced_write(
+            self._entry, "request an approval", lambda token: ledger.request_approval(
+                identity=identity, fencing_token=token, request=request, turn=turn))
+
+    async def decide_by_timeout(self, approval_id: str, approved: bool) -> ApprovalRow:
+        ledger = self._delivery._ledger
+        try:
+            resolved = await ledger.resolve_approval(approval_id=approval_id, approved=approved, by=TIMEOUT_DECIDER,
+                                                     comment="decided by its timeout")
+        except ApprovalConflictError:
+            decided = await ledger.approval(approval_id=approval_id)  # a person decided first: theirs stands
+            if decided is None:
+                raise UnknownApprovalError(approval_id=approval_id) from None
+            return decided
+        return resolved.approval
+
+    def take_steering(self) -> list[Envelope]:
+        return self._delivery._take_steering(self._entry)
+
+    async def wait_signal(self, name: str, turn: TurnWrite) -> bytes | None:
+        ledger, identity = self._delivery._ledger, self._entry.spec.identity
+        return await self._delivery._activations.fenced_write(
+            self._entry, "wait for a signal", lambda token: ledger.wait_signal(
+                identity=identity, fencing_token=token, name=name, turn=turn))
+
+
 class Delivery:
     """Runs messages through the gates and their handlers; one instance per host.
 
@@ -187,6 +257,7 @@ class Delivery:
         wall_clock: wall-clock seconds for deadlines and conversation sequences;
             ``time.time`` unless a test moves time by hand.
         metrics: where messages, dead letters and parked messages are counted.
+        journal_files: where durable turns keep step values over the spill threshold.
     """
 
     def __init__(
@@ -198,8 +269,10 @@ class Delivery:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         metrics: HostMetrics = NO_METRICS,
+        journal_files: JournalFileStore | None = None,
     ) -> None:
         self._entries = entries
+        self._journal_files = journal_files
         self._metrics = metrics
         self._ledger = ledger
         self._activations = activations
@@ -208,34 +281,15 @@ class Delivery:
         # Callers of parked messages, by message id. Kept across a failed replay so the
         # caller still gets the answer when a later resume on this host replays it.
         self._parked_waiters: dict[str, asyncio.Future[TurnResult]] = {}
+        # Callers of suspended turns, by turn id: answered when the turn ends on this host.
+        self._turn_waiters: dict[str, asyncio.Future[TurnResult]] = {}
+        # Wakes and drains running in the background (strong references until done).
+        self._background: set[asyncio.Task[Any]] = set()
         self.counters = DeliveryCounters()
 
     # -- turns ----------------------------------------------------------------------
 
-    async def deliver(
-        self,
-        identity: str,
-        method: str,
-        args: tuple[Any, ...] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        sender: str | None = None,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        sequence: int | None = None,
-    ) -> TurnResult:
-        """Build an :class:`Envelope` and deliver it (see :meth:`deliver_envelope`).
-
-        Raises:
-            InvalidSpecError: the message is malformed (see :class:`Envelope`).
-        """
-        return await self.deliver_envelope(Envelope(
-            target=identity, method=method, args=tuple(args), kwargs=dict(kwargs or {}), sender=sender,
-            idempotency_key=idempotency_key, deadline=deadline, conversation=conversation, sequence=sequence,
-        ))
-
-    async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
+    async def deliver(self, envelope: Envelope) -> TurnResult:
         """Run one message through the gates and, if it passes, one turn of its handler.
 
         The gates run in the order the module describes. A paused agent parks the
@@ -253,12 +307,17 @@ class Delivery:
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
-        # Timed and counted once per message, here: the retries below go to _deliver.
+        if envelope.wake:
+            # Answered at once: the turn may run for long after its wake, and its own
+            # caller (not the waker) gets the reply.
+            self._in_background(self._wake(envelope), name=f"wake {envelope.target} {envelope.message_id}")
+            return TurnResult(value=None, usage=Usage(), checkpoint_version=0, suspended=True)
+        # Timed and counted once per message, here: the retries below go to _admit.
         started = self._clock()
         # Looked up before and after: the first message activates the entry, a lost lease drops it.
         before = self._entries.get(envelope.target)
         try:
-            result = await self._deliver(envelope)
+            result = await self._admit(envelope)
         except BaseException as error:
             entry = self._entries.get(envelope.target) or before
             self._metrics.message(UNKNOWN_AGENT_CLASS if entry is None else entry.agent_class,
@@ -270,7 +329,7 @@ class Delivery:
                               self._clock() - started)
         return result
 
-    async def _deliver(self, envelope: Envelope) -> TurnResult:
+    async def _admit(self, envelope: Envelope) -> TurnResult:
         envelope.check()  # it may come unpickled from another process, never validated here
         identity = envelope.target
         entry = await self._addressable_entry(envelope)
@@ -284,17 +343,276 @@ class Delivery:
         except InvalidArgumentsError as error:
             await self._dead_letter(envelope, DeadLetterReason.DECODE_FAILED, error.message, attempts=0)
             raise
-        waiter: asyncio.Future[TurnResult] | None = None
+        if info.shared:
+            return await self._shared(entry, envelope, info, bound)
+        mode = envelope.mode or entry.spec.on_busy
+        if mode != "queue" and not envelope.wake:
+            busy = _turn_in_progress(entry, envelope)
+            if busy is not None and mode == "reject":
+                raise AgentBusyError(identity=identity, turn_id=busy[0], status=busy[1])
+            if busy is not None and mode == "interrupt" and busy[1] == TurnStatus.RUNNING.value:
+                self._interrupt_running(entry, busy[0], by=envelope.message_id)
+            if busy is not None and mode == "steer" and busy[1] == TurnStatus.RUNNING.value:
+                joined = await self._steer(entry, envelope)
+                if joined is not None:
+                    return joined
+        interrupted = False
         async with entry.turn_lock:
             if entry.dropped:
                 # Deactivated or fenced while this message waited: activate again and retry.
-                return await self._deliver(envelope)
-            if entry.paused:
-                waiter = await self._park(entry, envelope)
+                return await self._admit(envelope)
+            if entry.suspended_turn not in (None, envelope.message_id) and envelope.dedup_key() is not None \
+                    and envelope.dedup_key() == await self._suspended_key(entry):
+                # A keyed retry of the suspended turn (its caller gave up waiting): the same
+                # turn, so it waits for that turn's end instead of running it again.
+                envelope = dataclasses.replace(envelope, message_id=entry.suspended_turn)
+            if mode == "interrupt" and entry.suspended_turn not in (None, envelope.message_id):
+                await self._interrupt_suspended(entry, by=envelope.message_id)
+                interrupted = True
+            if interrupted:
+                # It runs in the interrupted turn's place; what waited behind that turn runs after it.
+                try:
+                    return await self._ended(entry, envelope, self._turn(entry, envelope, info, bound))
+                finally:
+                    if entry.suspended_turn is None:
+                        self._open_mailbox(entry)
+            if entry.paused or entry.draining_parked or entry.suspended_turn not in (None, envelope.message_id):
+                # Paused, or a suspended turn holds the mailbox (or the messages parked behind
+                # it are being replayed): wait behind them, durably, in order.
+                parked = await self._park(entry, envelope)
+                suspended = None
             else:
-                return await self._turn(entry, envelope, info, bound)
+                result = await self._ended(entry, envelope, self._turn(entry, envelope, info, bound))
+                if not result.suspended or envelope.wake:
+                    return result
+                suspended = self._turn_waiter(envelope.message_id)
+        if suspended is not None:
+            # Waited for outside the turn lock: the turn's wake takes it to resume the turn.
+            return await self._outlive(entry, envelope, suspended)
         # Parked: wait outside the turn lock, so the resume that replays it can take the lock.
-        return await waiter
+        return await parked
+
+    # -- suspended turns ---------------------------------------------------------------
+
+    def _in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- handling modes, steering and shared handlers ------------------------------------
+
+    def _interrupt_running(self, entry: HostedAgent, turn_id: str, *, by: str) -> None:
+        """Stop the running turn at its next await: it ends ``INTERRUPTED``, its caller gets ``TurnInterruptedError``.
+
+        A plain (non-async, non-thread) handler has no await to stop at: it finishes, and
+        the interrupting message runs after it.
+        """
+        entry.interrupts[turn_id] = by
+        if entry.handler_task is not None and entry.running_turn == turn_id:
+            entry.handler_task.cancel()
+
+    async def _interrupt_suspended(self, entry: HostedAgent, *, by: str) -> None:
+        """End the suspended turn as ``INTERRUPTED`` (caller holds the turn lock); its callers get the error."""
+        turn_id = entry.suspended_turn
+        assert turn_id is not None
+        interrupted = TurnInterruptedError(identity=entry.spec.identity, turn_id=turn_id, by=by)
+        await self._activations.fenced_write(entry, "interrupt a turn", lambda token: self._ledger.end_turn(
+            identity=entry.spec.identity, fencing_token=token,
+            ended=TurnEnd(turn_id=turn_id, status=TurnStatus.INTERRUPTED.value, error=interrupted.message)))
+        entry.suspended_turn = None
+        entry.suspended_key = None
+        self._metrics.turn_event(entry.agent_class, "interrupted")
+        self._settle(turn_id, error=interrupted)
+
+    async def _steer(self, entry: HostedAgent, envelope: Envelope) -> TurnResult | None:
+        """Give ``envelope`` to the running turn (``self.steering()``); the reply of the turn it joined.
+
+        ``None`` when the turn ended without reading it: the message then runs as a
+        queued one, in its own turn.
+        """
+        waiter: asyncio.Future[TurnResult | None] = asyncio.get_running_loop().create_future()
+        entry.steering.append((envelope, waiter))
+        return await self._outlive(entry, envelope, waiter)
+
+    def _take_steering(self, entry: HostedAgent) -> list[Envelope]:
+        """The steer messages the running turn has not read yet; from now on their callers wait for its reply."""
+        taken, entry.steering = entry.steering, []
+        entry.steered.extend(taken)
+        return [envelope for envelope, _ in taken]
+
+    def _end_steering(self, entry: HostedAgent, turn_id: str, *, result: TurnResult | None = None,
+                      error: BaseException | None = None) -> None:
+        """The running turn stopped: answer the steer messages it read, let the others run on their own."""
+        read, entry.steered = entry.steered, []
+        unread, entry.steering = entry.steering, []
+        for _, waiter in unread:
+            if not waiter.done():
+                waiter.set_result(None)
+        for _, waiter in read:
+            if waiter.done():
+                continue
+            if result is not None and result.suspended:
+                _answer_with(waiter, self._turn_waiter(turn_id))  # they joined it: its end answers them
+            elif error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(result)
+
+    async def _shared(self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo,
+                      bound: dict[str, Any]) -> TurnResult:
+        """Run a shared (read-only) handler beside the exclusive turn, on a copy of the State.
+
+        Raises:
+            UsageError: the handler changed State (its changes are dropped).
+            HandlerError: the handler raised (dead-lettered as ``REJECTED``).
+        """
+        reader = copy.copy(entry.agent)
+        reader.state = entry.agent.state.model_copy(deep=True)
+        before = reader.state.model_copy(deep=True)
+        self.counters.turns += 1
+        entry.last_used = self._clock()
+        outside = CURRENT_TURN.set(None)  # no durable calls: a shared turn is never journaled
+        try:
+            outcome = await run_handler(info, reader, bound)
+        except Exception as error:
+            if isinstance(error, UsageError):
+                raise
+            self.counters.handler_errors += 1
+            failure = HandlerError(identity=envelope.target, method=envelope.method,
+                                   remote_type=f"{type(error).__module__}.{type(error).__qualname__}",
+                                   remote_message=str(error), remote_traceback=traceback.format_exc())
+            await self._dead_letter(envelope, DeadLetterReason.REJECTED, failure.message, attempts=1)
+            raise failure from None
+        finally:
+            CURRENT_TURN.reset(outside)
+        if reader.state != before:
+            raise UsageError(f"handler {envelope.method!r} of {envelope.target!r} is shared (read-only) but changed "
+                             f"State; its changes were dropped. Drop shared=True, or only read State in it",
+                             api="@rf.handler(shared=True)")
+        value, usage = (outcome.value, outcome.usage) if isinstance(outcome, Reply) else (outcome, Usage())
+        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version)
+
+    async def _wake(self, envelope: Envelope) -> None:
+        """Resume a woken suspended turn here; its outcome goes to its callers. Never raises."""
+        try:
+            await self._admit(envelope)
+        except Exception as error:  # noqa: BLE001 - its callers got the outcome; the next wake retries
+            log.info("the wake of turn %s of %s ended with %s: %s", envelope.message_id, envelope.target,
+                     type(error).__name__, error)
+
+    def _turn_waiter(self, turn_id: str) -> asyncio.Future[TurnResult]:
+        """What the callers of suspended turn ``turn_id`` wait for on this host (one future for all of them)."""
+        waiter = self._turn_waiters.get(turn_id)
+        if waiter is None or waiter.done():
+            waiter = asyncio.get_running_loop().create_future()
+            self._turn_waiters[turn_id] = waiter
+        return waiter
+
+    async def _outlive(self, entry: HostedAgent, envelope: Envelope, waiter: asyncio.Future[T]) -> T:
+        """Wait for a turn (suspended, or joined by a steer message) to end on this host.
+
+        Raises:
+            LeaseLostError: the identity left this host meanwhile (deactivated, moved); the
+                caller sends the message again, which resumes the turn at its new owner.
+        """
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=WAITER_CHECK_INTERVAL)
+            if done:
+                return waiter.result()
+            if entry.dropped:
+                raise LeaseLostError(
+                    identity=envelope.target,
+                    detail="the identity left this host while its turn was suspended; send the message again: "
+                    "its new owner resumes the turn from its journal",
+                )
+
+    def _settle(self, turn_id: str, *, result: TurnResult | None = None, error: BaseException | None = None) -> None:
+        """Answer the callers waiting here for ``turn_id``'s end."""
+        waiter = self._turn_waiters.pop(turn_id, None)
+        if waiter is None or waiter.done():
+            return
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(result)  # type: ignore[arg-type]
+
+    async def _ended(self, entry: HostedAgent, envelope: Envelope, turn: Awaitable[TurnResult]) -> TurnResult:
+        """Run ``turn`` (the caller holds the turn lock); when it ends, answer its waiters and open the mailbox."""
+        turn_id = envelope.message_id
+        try:
+            result = await turn
+        except Exception as error:
+            if not entry.dropped:
+                # Dropped: its waiters learn it and re-send, which resumes the turn elsewhere.
+                if entry.suspended_turn == turn_id and isinstance(error, HandlerError):
+                    self._open_mailbox(entry)  # it failed for good: the turn is over
+                self._settle(turn_id, error=error)
+            raise
+        if not result.suspended:
+            if entry.suspended_turn == turn_id:
+                self._open_mailbox(entry)
+            self._settle(turn_id, result=result)
+        return result
+
+    async def _suspended_key(self, entry: HostedAgent) -> str | None:
+        """The dedup key of the suspended turn: known if it suspended here, else read from its journal's row."""
+        if entry.suspended_key is None and entry.suspended_turn is not None:
+            record = await self._ledger.turn(identity=entry.spec.identity, turn_id=entry.suspended_turn)
+            if record is not None:
+                entry.suspended_key = cloudpickle.loads(record.envelope).dedup_key()
+        return entry.suspended_key
+
+    def _suspend(self, entry: HostedAgent, envelope: Envelope, suspended: TurnSuspended) -> None:
+        """The turn of ``envelope`` suspended (journaled already): it holds the mailbox until it ends."""
+        entry.suspended_turn = envelope.message_id
+        entry.suspended_key = envelope.dedup_key()
+        self._metrics.turn_event(entry.agent_class, "suspended")
+        if suspended.wake_at is None:
+            return
+        delay = max(0.0, suspended.wake_at - self._wall_clock())
+        if delay <= LOCAL_WAKE_HORIZON:
+            asyncio.get_running_loop().call_later(delay, self._wake_here, entry, envelope)
+
+    def _wake_here(self, entry: HostedAgent, envelope: Envelope) -> None:
+        """A local timer fired for a suspended turn: resume it, if it is still suspended here."""
+        if entry.dropped or entry.suspended_turn != envelope.message_id:
+            return  # ended, or the identity left: the fleet's wake sweep finds it wherever it is
+        self._in_background(self._wake(dataclasses.replace(envelope, wake=True)),
+                            name=f"wake {envelope.target} {envelope.message_id}")
+
+    def _open_mailbox(self, entry: HostedAgent) -> None:
+        """The suspended turn ended: replay the messages parked behind it, oldest first, then take new ones."""
+        entry.suspended_turn = None
+        entry.suspended_key = None
+        if not entry.paused:
+            entry.draining_parked = True
+            self._in_background(self._drain(entry), name=f"drain {entry.spec.identity}")
+
+    async def _drain(self, entry: HostedAgent) -> None:
+        """Replay what was parked behind a suspended turn, until none is left or another turn suspends.
+
+        New messages park while this runs (``draining_parked``), so the order holds; the
+        final empty read and the end of the drain happen under the turn lock. Never raises:
+        what could not be replayed stays parked for the next drain (the next turn that
+        ends, or the next owner's).
+        """
+        identity = entry.spec.identity
+        try:
+            while True:
+                async with entry.turn_lock:
+                    if entry.dropped or entry.paused or entry.suspended_turn is not None:
+                        return
+                    batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
+                    if not batch:
+                        return
+                    for stored in batch:
+                        await self._replay(entry, stored.id, cloudpickle.loads(stored.envelope))
+                        if entry.dropped or entry.suspended_turn is not None:
+                            return
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            log.warning("replaying the messages parked behind a turn of %s stopped: %s", identity, error)
+        finally:
+            entry.draining_parked = False
 
     async def _addressable_entry(self, envelope: Envelope) -> HostedAgent:
         """The addressability and lifecycle gates: the hosted entry of the target, activated if needed."""
@@ -322,13 +640,46 @@ class Delivery:
         remembered = self._remembered_reply(entry, envelope.message_key() if key is None else key)
         if remembered is not None:
             return remembered
-        await self._check_deadline(envelope)
+        if entry.suspended_turn != envelope.message_id:
+            # A suspended turn resumes whenever it is woken: "a call that times out leaves the turn running".
+            await self._check_deadline(envelope)
+        else:
+            self._metrics.turn_event(entry.agent_class, "resumed")
         await self._activations.ensure_healthy_lease(entry)
-        value, usage = await self._run_with_retries(entry, envelope, info, bound)
+        turn = TurnContext(identity=envelope.target, turn_id=envelope.message_id, method=envelope.method,
+                           envelope=lambda: cloudpickle.dumps(dataclasses.replace(envelope, wake=False)),
+                           port=_HostJournal(self, entry), wall_clock=self._wall_clock)
+        entry.running_turn = envelope.message_id
+        if envelope.message_id in (entry.suspended_turn, entry.recovered_turn):
+            # A turn with a journal: read it first, so a replay's steering reads come from it too.
+            await turn.load()
+        try:
+            value, usage = await self._run_with_retries(entry, envelope, info, bound, turn)
+        except TurnSuspended as suspended:
+            self._suspend(entry, envelope, suspended)
+            result = TurnResult(value=None, usage=Usage(), checkpoint_version=entry.checkpoint_version,
+                                suspended=True)
+            self._end_steering(entry, envelope.message_id, result=result)
+            return result
+        except BaseException as error:
+            self._end_steering(entry, envelope.message_id, error=error)
+            raise
+        finally:
+            entry.running_turn = None
+            entry.interrupts.pop(envelope.message_id, None)
+            if turn.steps_run:
+                self._metrics.turn_event(entry.agent_class, "step", turn.steps_run)
         if entry.dropped:
             # The lease went while the handler ran: its State is not this host's to reply with.
             raise LeaseLostError(identity=envelope.target, detail="the lease was lost during the turn; retry the call")
-        every_turn = entry.spec.durability is Durability.EVERY_TURN
+        # A durable turn commits at its end whatever the durability: its completion (and
+        # the end of its journal) is written in the transaction of its final State.
+        durable = turn.journaled
+        if durable:
+            self._metrics.turn_event(entry.agent_class, "completed")
+            entry.dirty = True
+            entry.pending_turn_end = TurnEnd(turn_id=envelope.message_id)
+        every_turn = durable or entry.spec.durability is Durability.EVERY_TURN
         if key is not None:
             reply = cloudpickle.dumps((value, usage))
             entry.pending_dedup.append((key, reply))
@@ -345,8 +696,14 @@ class Delivery:
                 entry.pending_step = _step_entry(envelope.journal, value, usage)
             # The commit puts the key in the dedup window once it is durable; a failed
             # commit leaves no remembered reply for a turn that never happened.
-            step = await self._activations.commit(entry)
-        return TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
+            try:
+                step = await self._activations.commit(entry)
+            except BaseException as error:
+                self._end_steering(entry, envelope.message_id, error=error)
+                raise
+        result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
+        self._end_steering(entry, envelope.message_id, result=result)
+        return result
 
     async def _check_sequence(self, entry: HostedAgent, envelope: Envelope) -> None:
         """Refuse (and dead-letter) a conversation sequence below the high-water mark; an equal one passes."""
@@ -402,13 +759,18 @@ class Delivery:
         raise error
 
     async def _run_with_retries(
-        self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any]
+        self, entry: HostedAgent, envelope: Envelope, info: HandlerInfo, bound: dict[str, Any], turn: TurnContext,
     ) -> tuple[Any, Usage]:
         """Run the handler until it succeeds, fails for good, or the policy's attempts are used up.
+
+        Each attempt runs as ``turn``: its durable calls replay what the journal holds.
+        A durable turn that fails for good is ended as ``FAILED`` in the ledger.
 
         Raises:
             HandlerError: the last attempt failed; the message is dead-lettered as
                 ``RETRIES_EXHAUSTED`` (retryable error) or ``REJECTED`` (any other).
+            LeaseLostError: the identity was lost during the turn (a refused journal write,
+                a lost lease); nothing of the turn is committed.
         """
         policy = entry.spec.retry
         for attempt in range(policy.max_attempts):
@@ -418,6 +780,8 @@ class Delivery:
             before = entry.agent.state.model_copy(deep=True)
             self.counters.turns += 1
             entry.last_used = self._clock()
+            turn.begin_attempt()
+            current = CURRENT_TURN.set(turn)
             try:
                 outcome = await _run_stoppable(entry, info, bound)
             except _StoppedForLostLease:
@@ -427,12 +791,27 @@ class Delivery:
                     detail="the lease was lost while the handler ran; it was stopped at its next await and its "
                     "State discarded. Retry the call: the new owner runs it",
                 ) from None
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, TurnSuspended) as stopped:
+                # Nothing of an unfinished turn commits: a resumed turn replays from this State.
                 entry.agent.state = before
+                by = entry.interrupts.get(envelope.message_id)
+                if by is not None and isinstance(stopped, asyncio.CancelledError):
+                    interrupted = TurnInterruptedError(identity=envelope.target, turn_id=envelope.message_id, by=by)
+                    self._metrics.turn_event(entry.agent_class, "interrupted")
+                    if turn.journaled:
+                        await self._end_turn(entry, envelope.message_id, TurnStatus.INTERRUPTED, interrupted.message)
+                    raise interrupted from None
                 raise
-            except Exception as error:  # noqa: BLE001 - user code may raise anything; it becomes a HandlerError
+            except Exception as error:
                 # A failed attempt leaves State as it was: the next one starts from the same place.
                 entry.agent.state = before
+                if entry.dropped:
+                    # A journal write was refused (or the lease lapsed): not the handler's failure.
+                    raise LeaseLostError(
+                        identity=envelope.target,
+                        detail="the identity was lost during the turn; nothing of it was committed. Retry the "
+                        "call: the new owner resumes it from its journal",
+                    ) from error
                 self.counters.handler_errors += 1
                 retry = is_retryable(error) and attempt + 1 < policy.max_attempts
                 if retry:
@@ -447,7 +826,12 @@ class Delivery:
                 )
                 reason = DeadLetterReason.RETRIES_EXHAUSTED if is_retryable(error) else DeadLetterReason.REJECTED
                 await self._dead_letter(envelope, reason, failure.message, attempts=attempt + 1)
+                if turn.journaled:
+                    self._metrics.turn_event(entry.agent_class, "failed")
+                    await self._end_turn(entry, envelope.message_id, TurnStatus.FAILED, failure.message)
                 raise failure from None
+            finally:
+                CURRENT_TURN.reset(current)
             # A turn that changed nothing (a read) needs no checkpoint.
             if entry.agent.state != before:
                 entry.dirty = True
@@ -455,6 +839,21 @@ class Delivery:
                 return outcome.value, outcome.usage
             return outcome, Usage()
         raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    async def _end_turn(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: str) -> None:
+        """End a durable turn that commits nothing (failed, interrupted); never raises.
+
+        A turn that could not be ended stays in the ledger as it was, and the next
+        delivery of its message resumes it from its journal; the caller already has its
+        outcome, which must not be replaced by the ledger's.
+        """
+        try:
+            await self._activations.fenced_write(entry, "end turn", lambda token: self._ledger.end_turn(
+                identity=entry.spec.identity, fencing_token=token,
+                ended=TurnEnd(turn_id=turn_id, status=status.value, error=error[:2000]),
+            ))
+        except Exception as problem:  # noqa: BLE001 - see the docstring
+            log.warning("could not end turn %s of %s: %s", turn_id, entry.spec.identity, problem)
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
         """Record ``envelope`` in the dead-letter log; never raises.
@@ -563,7 +962,9 @@ class Delivery:
                     raise LeaseLostError(identity=identity, detail="the agent was dropped while resuming")
                 if entry.pause_generation != generation:
                     return replayed
-                batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
+                # Behind a suspended turn nothing is replayed: its end replays what is parked.
+                batch = [] if entry.suspended_turn is not None else await self._ledger.parked(
+                    identity, limit=PARKED_REPLAY_BATCH)
                 if not batch:
                     await self._activations.fenced_write(entry, "resume", lambda token: self._ledger.set_paused(
                         identity=identity, fencing_token=token, paused=False
@@ -573,6 +974,8 @@ class Delivery:
                 for stored in batch:
                     await self._replay(entry, stored.id, cloudpickle.loads(stored.envelope))
                     replayed += 1
+                    if entry.suspended_turn is not None:
+                        break
         self._activations.emit(identity, EventKind.RESUMED)
         return replayed
 
@@ -585,7 +988,8 @@ class Delivery:
                 raise UnknownHandlerError(
                     identity=envelope.target, method=envelope.method, available=type(entry.agent).handler_names()
                 )
-            result = await self._turn(entry, envelope, info, info.bind(envelope.target, envelope.args, envelope.kwargs))
+            result = await self._ended(entry, envelope, self._turn(
+                entry, envelope, info, info.bind(envelope.target, envelope.args, envelope.kwargs)))
         except Exception as error:
             if entry.dropped or not isinstance(error, RayfleetError):
                 # Out of service, or an outcome this turn cannot vouch for: the message
@@ -598,9 +1002,13 @@ class Delivery:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
         else:
-            if waiter is not None and not waiter.done():
+            if result.suspended:
+                if waiter is not None:
+                    # Its caller now waits for the turn's end; the turn's row holds the message.
+                    _answer_with(waiter, self._turn_waiter(envelope.message_id))
+            elif waiter is not None and not waiter.done():
                 waiter.set_result(result)
-        # Handled (or dead-lettered): only now is the parked copy forgotten.
+        # Handled, suspended (its turn's row keeps it) or dead-lettered: only now is the parked copy forgotten.
         await self._activations.fenced_write(entry, "unpark", lambda token: self._ledger.unpark(
             identity=envelope.target, fencing_token=token, seq=seq
         ))
@@ -630,3 +1038,26 @@ class Delivery:
                     hint="The message was parked and then cancelled; it is in the dead-letter log.",
                 ))
         return count
+
+
+def _answer_with(waiter: asyncio.Future[TurnResult], source: asyncio.Future[TurnResult]) -> None:
+    """Settle ``waiter`` as ``source`` settles."""
+    def copy(done: asyncio.Future[TurnResult]) -> None:
+        if waiter.done():
+            return
+        if done.cancelled():
+            waiter.cancel()
+        elif (error := done.exception()) is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(done.result())
+    source.add_done_callback(copy)
+
+
+def _turn_in_progress(entry: HostedAgent, envelope: Envelope) -> tuple[str, str] | None:
+    """The turn of ``entry`` in progress other than ``envelope``'s own: ``(turn id, RUNNING or SUSPENDED)``."""
+    if entry.running_turn is not None and entry.running_turn != envelope.message_id:
+        return entry.running_turn, TurnStatus.RUNNING.value
+    if entry.suspended_turn is not None and entry.suspended_turn != envelope.message_id:
+        return entry.suspended_turn, TurnStatus.SUSPENDED.value
+    return None

@@ -17,6 +17,7 @@ from typing import Any
 from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
+from ..ledger._turn_rows import TurnEnd
 from ..ledger._values import StepEntry, StepJournaled
 from ._messages import RECENT_MESSAGES, ConversationSequences, DedupWindow
 
@@ -46,6 +47,8 @@ class TurnResult:
     step: StepJournaled | None = None
     """What became of the workflow step the message asked to journal with the turn's commit
     (``Envelope.journal``); ``None`` when nothing was journaled (see ``Delivery``)."""
+    suspended: bool = False
+    """The turn suspended (``value`` is ``None``): its journal holds the wait, and it resumes when woken."""
 
 
 @dataclass(slots=True)
@@ -81,6 +84,25 @@ class HostedAgent:
     land takes the entry out of service, window and all."""
     pending_step: StepEntry | None = None
     """A workflow step's output to journal with the next commit (an ``EVERY_TURN`` turn's, so one at most)."""
+    pending_turn_end: TurnEnd | None = None
+    """A durable turn that ends with the next checkpoint (its completion commits with its final State)."""
+    suspended_turn: str | None = None
+    """The turn suspended now (sleep, signal, approval), which holds the mailbox: later messages
+    park behind it until it ends. Read from the ledger at activation."""
+    suspended_key: str | None = None
+    """The suspended turn's dedup key (``sender␟idempotency key``), or ``None`` (none, or not read yet)."""
+    draining_parked: bool = False
+    """The messages parked behind a suspended turn that ended are being replayed: new ones park too."""
+    running_turn: str | None = None
+    """The id of the exclusive turn whose handler runs now."""
+    recovered_turn: str | None = None
+    """A turn the previous owner left running (read at activation): its journal is read before it runs."""
+    interrupts: dict[str, str] = field(default_factory=dict)
+    """Turns asked to stop at their next await (an ``interrupt`` message), by turn id: who asked."""
+    steering: list[Any] = field(default_factory=list)
+    """``steer`` messages (envelopes) for the running turn, not read yet."""
+    steered: list[Any] = field(default_factory=list)
+    """``steer`` messages the running turn read (``self.steering()``): their callers get its reply."""
     sequences: ConversationSequences = field(default_factory=ConversationSequences)
     peers: tuple[str, ...] = ()
     """Identities this agent is wired to now (live edges in the ledger)."""

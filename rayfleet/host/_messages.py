@@ -90,6 +90,12 @@ class Envelope:
     journal: tuple[str, str, int] | None = None
     """``(run_id, step label, run token)`` of a workflow step: journal the reply as that step's
     output in the transaction of the turn's checkpoint (``EVERY_TURN`` agents only; see ``Delivery``)."""
+    wake: bool = False
+    """The platform's redelivery of a suspended turn whose wake came (a timer, a signal): the host
+    answers at once and replays the turn in the background; its caller gets the reply."""
+    mode: str | None = None
+    """What this message does when its agent has a turn in progress: ``queue``, ``steer``,
+    ``interrupt`` or ``reject`` (``rf.HandlingMode`` values); ``None``: the spec's ``on_busy``."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -128,7 +134,8 @@ class Envelope:
     def wire(self) -> EnvelopeWire:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
         return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
-                self.conversation, self.sequence, self.message_id, self.sent_at, self.chain, self.journal)
+                self.conversation, self.sequence, self.message_id, self.sent_at, self.chain, self.journal, self.wake,
+                self.mode)
 
     @classmethod
     def from_wire(cls, wire: object) -> Envelope:
@@ -155,6 +162,9 @@ own), where the dataclass went whole through cloudpickle, a cost benchmark B1 (c
 latency) shows on every call. Tuples stay tuples on the way. Hosts accept either form."""
 
 _WIRE_FIELDS = tuple(field.name for field in dataclasses.fields(Envelope))
+
+HANDLING_MODES = ("queue", "steer", "interrupt", "reject")
+"""``rf.HandlingMode`` values (kept here as strings: the host package does not import ``turns``)."""
 
 
 def _envelope_problem(envelope: Envelope) -> str:
@@ -192,6 +202,10 @@ def _envelope_problem(envelope: Envelope) -> str:
         return f"journal must be (run_id, step label, run token) or None, got {journal!r}"
     if (envelope.sequence is None) != (envelope.conversation is None) and envelope.sequence is not None:
         return "a sequence needs a conversation: pass conversation= with sequence="
+    if not isinstance(envelope.wake, bool):
+        return f"wake must be True or False, got {envelope.wake!r}"
+    if envelope.mode is not None and envelope.mode not in HANDLING_MODES:
+        return f"mode must be one of {', '.join(HANDLING_MODES)} or None, got {envelope.mode!r}"
     return ""
 
 

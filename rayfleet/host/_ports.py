@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..identity._values import EventKind
     from ..ledger._values import StepJournaled
     from ._hosted import HostedAgent
+    from ._messages import Envelope
 
 T = TypeVar("T")
 
@@ -41,6 +42,10 @@ class MessageOutcome(str, enum.Enum):
     """Another host owns the identity, or this one drains; the caller goes elsewhere."""
     ERROR = "ERROR"
     """Anything else (the ledger or storage failed, a bug)."""
+
+
+TURN_EVENTS = ("step", "suspended", "resumed", "completed", "failed", "interrupted")
+"""What ``rayfleet_turn_events`` counts of durable turns (its ``event`` tag)."""
 
 
 class HostMetrics(Protocol):
@@ -91,6 +96,11 @@ class HostMetrics(Protocol):
         """One group commit moved ``size`` snapshot pointers in one ledger call."""
         ...
 
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        """Durable turns of an agent of ``agent_class``: ``count`` steps run, or a turn ``suspended``,
+        ``resumed``, ``completed``, ``failed`` or ``interrupted`` (``event``: one of :data:`TURN_EVENTS`)."""
+        ...
+
 
 class _NoMetrics:
     """A :class:`HostMetrics` that drops everything (hosts outside Ray, tests)."""
@@ -127,15 +137,26 @@ class _NoMetrics:
     def commit_batch(self, size: int) -> None:
         pass
 
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        pass
+
 
 NO_METRICS: HostMetrics = _NoMetrics()
 """The default :class:`HostMetrics`: reports nothing."""
 
 
 class Router(Protocol):
-    """How an agent reaches another agent (``await self.send(peer, ...)``)."""
+    """How an agent reaches another agent (``await self.send(peer, ...)``), and the platform an identity's owner."""
 
     async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any: ...
+
+    async def deliver(self, envelope: Envelope) -> Any:
+        """Deliver ``envelope`` from the platform (a wake, a timer's firing) to its identity's owner.
+
+        The owner is activated anywhere if the identity is dormant. Returns the turn's
+        value; a wake (``envelope.wake``) is answered as soon as the owner took it.
+        """
+        ...
 
 
 class ActivationPort(Protocol):

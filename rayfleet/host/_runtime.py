@@ -3,8 +3,9 @@
 One ``HostRuntime`` lives in each host. It owns the agents it has activated, one
 mailbox (turn lock) per identity, the host's lease renewals, its group committer
 and every background task it starts. It knows nothing about Ray: ``platform`` wraps
-it in an actor. The message path itself is :class:`~rayfleet.host._delivery.Delivery`,
-which the runtime builds and delegates to; the runtime is its ``ActivationPort``.
+it in an actor. The message path is :class:`~rayfleet.host._delivery.Delivery`, the host's
+front door (``runtime.delivery``): the runtime builds it and is reached from it only as its
+``ActivationPort``.
 
 What the runtime guarantees, and why:
 
@@ -86,6 +87,7 @@ import contextlib
 import itertools
 import logging
 import math
+import pickle
 import random
 import time
 import traceback
@@ -97,19 +99,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import cloudpickle
 
 from ..checkpoints._committer import INLINE_STATE_BYTES, Checkpoint, Committed, GroupCommitter, Outcome
+from ..checkpoints._journal_files import JournalFileStore
 from ..checkpoints._store import SnapshotStore
 from ..errors import (
+    DeadlineExceededError,
     HandlerError,
     InternalError,
+    InvalidArgumentsError,
     InvalidSpecError,
     InvalidStateError,
     LeaseLostError,
     LedgerUnavailableError,
+    NotAddressableError,
     NotWiredError,
     RayfleetError,
     SnapshotError,
     StaleCheckpointVersionError,
     StaleFencingTokenError,
+    StaleSequenceError,
+    UnknownHandlerError,
     UnknownIdentityError,
 )
 from ..identity._agent import AgentSpec
@@ -129,11 +137,13 @@ from ..identity._values import (
     lease_is_healthy,
 )
 from ..ledger._contract import LedgerClient
+from ..ledger._turn_rows import TimerRow, TimerSpec
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled
 from ..retry import RetryPolicy
+from ..turns._timers import settlement
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
-from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere
 from ._messages import DedupWindow, Envelope
 from ._ports import NO_METRICS, HostMetrics, Router
 
@@ -254,7 +264,19 @@ DEACTIVATE_BATCH = 1000
 ACQUIRE_BATCH = 100
 """Most identities one acquire call (one ledger transaction) carries; a larger queue goes in several."""
 
+WAKE_INTERVAL = 1.0
+"""Seconds between a host's sweeps for suspended turns whose wake came. A sleep within
+``LOCAL_WAKE_HORIZON`` wakes on time by its host's own timer; the sweep is for the rest
+(long waits, signals, and turns whose host went away)."""
+WAKE_BATCH = 200
+"""Due turns claimed per ledger round trip of a sweep."""
+WAKE_CLAIM_SECONDS = 30.0
+"""How long a claimed wake is left to its sweeper before another host may deliver it again."""
+
 _REFUSALS = (StaleFencingTokenError, LeaseLostError, UnknownIdentityError)
+_FIRED_FOR_GOOD = (HandlerError, UnknownHandlerError, InvalidArgumentsError, InvalidStateError, NotAddressableError,
+                   DeadlineExceededError, StaleSequenceError)
+"""What a timer's firing may end with and still count as fired: another try would end the same way."""
 """What the ledger answers a write whose token is no longer the identity's: another owner took over."""
 
 
@@ -294,6 +316,16 @@ class _AgentContext:
         # Called from inside a turn, which already holds the turn lock.
         await self._runtime._commit(self._entry)
         return self._entry.checkpoint_version
+
+    async def set_timer(self, timer: TimerSpec) -> None:
+        entry, ledger = self._entry, self._runtime._ledger
+        await self._runtime._fenced_write(entry, "set a timer", lambda token: ledger.set_timer(
+            identity=entry.spec.identity, fencing_token=token, timer=timer))
+
+    async def forget_timer(self, name: str) -> bool:
+        entry, ledger = self._entry, self._runtime._ledger
+        return await self._runtime._fenced_write(entry, "forget a timer", lambda token: ledger.forget_timer(
+            identity=entry.spec.identity, name=name, fencing_token=token))
 
 
 class _RuntimeActivations:
@@ -356,6 +388,7 @@ class HostRuntime:
         inline_limit: States whose Arrow encoding is at most this many bytes are
             checkpointed inline in the ledger's commit; larger ones (and large group
             commits) go to snapshot files. 0 writes every checkpoint to a file.
+        wake_interval: seconds between sweeps for suspended turns whose wake came.
     """
 
     def __init__(
@@ -372,8 +405,11 @@ class HostRuntime:
         incarnation: str | None = None,
         metrics: HostMetrics = NO_METRICS,
         inline_limit: int = INLINE_STATE_BYTES,
+        wake_interval: float = WAKE_INTERVAL,
     ) -> None:
         self.name = name
+        self.wake_interval = wake_interval
+        self._wall_clock = wall_clock
         self._metrics = metrics
         self.holder = f"{name}@{incarnation or format(random.getrandbits(32), '08x')}"
         self._ledger = ledger
@@ -410,9 +446,9 @@ class HostRuntime:
         self._counters = dict.fromkeys(
             ("activations", "deactivations", "lease_renewals", "leases_lost", "stale_refusals"), 0
         )
-        self._delivery = Delivery(
+        self.delivery = Delivery(
             entries=self._entries, ledger=ledger, activations=_RuntimeActivations(self), clock=clock,
-            wall_clock=wall_clock, metrics=metrics,
+            wall_clock=wall_clock, metrics=metrics, journal_files=JournalFileStore.on(snapshots.storage),
         )
 
     # -- lifecycle of the runtime itself -------------------------------------------
@@ -429,6 +465,7 @@ class HostRuntime:
         self._committer.start()
         self._spawn(self._renewal_loop(), name=f"{self.name}-renew")
         self._spawn(self._housekeeping_loop(), name=f"{self.name}-housekeeping")
+        self._spawn(self._wake_loop(), name=f"{self.name}-wakes")
 
     async def shutdown(self, *, checkpoint: bool = True) -> None:
         """Stop taking activations, deactivate every agent, then stop all background work.
@@ -466,7 +503,7 @@ class HostRuntime:
 
     def statistics(self) -> HostStatistics:
         """A snapshot of this host's counters since it started."""
-        delivered = self._delivery.counters
+        delivered = self.delivery.counters
         return HostStatistics(
             host=self.name,
             active_agents=len(self._entries),
@@ -481,43 +518,6 @@ class HostRuntime:
             ledger_route=self._ledger.route,
             **self._counters,
         )
-
-    # -- delivery (the message path is Delivery's; these keep the runtime's API) ------
-
-    async def deliver(
-        self,
-        identity: str,
-        method: str,
-        args: tuple[Any, ...] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        sender: str | None = None,
-        idempotency_key: str | None = None,
-        deadline: float | None = None,
-        conversation: str | None = None,
-        sequence: int | None = None,
-    ) -> TurnResult:
-        """Build an :class:`Envelope` and deliver it; see :meth:`Delivery.deliver_envelope`."""
-        return await self._delivery.deliver(
-            identity, method, args, kwargs, sender=sender, idempotency_key=idempotency_key, deadline=deadline,
-            conversation=conversation, sequence=sequence,
-        )
-
-    async def deliver_envelope(self, envelope: Envelope) -> TurnResult:
-        """Run one message through the gates and its handler; see :meth:`Delivery.deliver_envelope`."""
-        return await self._delivery.deliver_envelope(envelope)
-
-    async def pause(self, identity: str) -> bool:
-        """Park every later message of ``identity`` durably until :meth:`resume`; see :meth:`Delivery.pause`."""
-        return await self._delivery.pause(identity)
-
-    async def resume(self, identity: str) -> int:
-        """Replay parked messages oldest first, then accept new work; see :meth:`Delivery.resume`."""
-        return await self._delivery.resume(identity)
-
-    async def cancel_parked(self, identity: str) -> int:
-        """Dead-letter every parked message of ``identity``; see :meth:`Delivery.cancel_parked`."""
-        return await self._delivery.cancel_parked(identity)
 
     def active_identities(self) -> list[str]:
         return sorted(self._entries)
@@ -637,10 +637,11 @@ class HostRuntime:
         """
         keys, entry.pending_dedup = entry.pending_dedup, []
         step, entry.pending_step = entry.pending_step, None
+        turn_end, entry.pending_turn_end = entry.pending_turn_end, None
         return Checkpoint(
             identity=entry.spec.identity, fencing_token=entry.grant.fencing_token,
             version=entry.checkpoint_version + 1, state=entry.agent.state, extra=_encode_extra(entry),
-            dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity, step=step,
+            dedup=tuple(keys), dedup_capacity=entry.spec.dedup_capacity, step=step, turn_end=turn_end,
         )
 
     async def _settle_commit(
@@ -840,7 +841,8 @@ class HostRuntime:
             entry = HostedAgent(
                 spec=spec, agent=agent, record=view.continuity, grant=grant, installed_at=installed_at,
                 checkpoint_version=version, last_used=installed_at, last_commit=installed_at, paused=view.paused,
-                dedup=DedupWindow(spec.dedup_capacity), peers=view.wired_peers,
+                dedup=DedupWindow(spec.dedup_capacity), peers=view.wired_peers, suspended_turn=view.suspended_turn,
+                recovered_turn=view.running_turn,
             )
             for key, reply in activation.dedup:
                 entry.dedup.insert(key, reply)
@@ -1319,6 +1321,81 @@ class HostRuntime:
                     await self._commit(entry)
         except Exception as error:  # noqa: BLE001 - a storage error too: the State stays unsaved, retried later
             log.warning("background checkpoint of %s failed: %s", entry.spec.identity, error)
+
+    # -- suspended turns whose wake came ---------------------------------------------
+
+    async def _wake_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.wake_interval)
+            try:
+                await self.wake_due()
+            except Exception as error:  # noqa: BLE001 - the next sweep tries again
+                log.warning("%s: the wake sweep failed: %s", self.name, error)
+
+    async def wake_due(self) -> int:
+        """Claim suspended turns whose wake time came and deliver each to its owner; returns how many.
+
+        Every live host sweeps; the ledger's claim (through the index on the wake time,
+        ``WAKE_BATCH`` at a time) gives each due turn to one of them for
+        ``WAKE_CLAIM_SECONDS``. A wake that could not be delivered is claimed again when
+        its claim lapses; a turn woken twice resumes once (the second wake finds it ended,
+        or suspended again).
+        """
+        woken = 0
+        while not self.draining:
+            due = await self._ledger.claim_wakes(limit=WAKE_BATCH, claim_for=WAKE_CLAIM_SECONDS)
+            for wake in due:
+                envelope = replace(cloudpickle.loads(wake.envelope), wake=True)
+                self._spawn(self._deliver_wake(envelope), name=f"{self.name}-wake-{wake.turn_id}")
+            woken += len(due)
+            if len(due) < WAKE_BATCH:
+                break
+        while not self.draining:
+            timers = await self._ledger.claim_timers(limit=WAKE_BATCH, claim_for=WAKE_CLAIM_SECONDS)
+            for timer in timers:
+                self._spawn(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
+            woken += len(timers)
+            if len(timers) < WAKE_BATCH:
+                break
+        return woken
+
+    async def _deliver(self, envelope: Envelope) -> Any:
+        """Deliver a platform message (a wake, a timer's firing) to its identity's owner, here or elsewhere."""
+        if self._router is None or self.is_active(envelope.target):
+            return (await self.delivery.deliver(envelope)).value
+        return await self._router.deliver(envelope)
+
+    async def _deliver_wake(self, envelope: Envelope) -> None:
+        try:
+            await self._deliver(envelope)
+        except Exception as error:  # noqa: BLE001 - its claim lapses and a later sweep delivers it again
+            log.info("%s: could not deliver the wake of turn %s of %s: %s", self.name, envelope.message_id,
+                     envelope.target, error)
+
+    async def _fire_timer(self, timer: TimerRow) -> None:
+        """Fire one claimed timer for its scheduled time, then move it to its next one.
+
+        With ``overlap="skip"`` the timer moves on only once its firing's turn ended, so
+        the next time cannot fire beside it; with ``"allow"`` it moves on first. A firing
+        whose turn failed in the handler counts as fired (the message is dead-lettered);
+        one that could not be delivered leaves the claim to lapse, and the same scheduled
+        time is fired again, under the same idempotency key.
+        """
+        envelope = Envelope(target=timer.identity, method=timer.method, kwargs=pickle.loads(timer.payload),
+                            idempotency_key=f"timer:{timer.name}:{timer.next_due!r}")
+        settled = settlement(timer, now=self._wall_clock())
+        if timer.overlap == "allow" and settled.next_due is not None:
+            await self._ledger.settle_timer(fired=settled)
+        try:
+            await self._deliver(envelope)
+        except _FIRED_FOR_GOOD:
+            pass  # the handler ran (or can never run): the time is spent; the dead letters say why
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            log.info("%s: timer %r of %s not fired for %r, left to a later sweep: %s", self.name, timer.name,
+                     timer.identity, timer.next_due, error)
+            return
+        if timer.overlap != "allow" or settled.next_due is None:
+            await self._ledger.settle_timer(fired=settlement(timer, now=self._wall_clock()))
 
     async def refresh_peers(self) -> int:
         """Reload the wired peers of every agent hosted here (after the topology changed)."""

@@ -15,15 +15,20 @@ import json
 import math
 import pkgutil
 import sys
-from collections.abc import Awaitable, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import pydantic
 
-from ..errors import InvalidSpecError, NotInAgentContextError
+from ..errors import InvalidSpecError, NotInAgentContextError, UsageError
+from ..ledger._turn_rows import TimerSpec
 from ..retry import RetryPolicy
-from ._handlers import HandlerInfo, State, build_handler_info
+from ..turns._current import current_step_key, current_turn
+from ..turns._timers import reminder, schedule
+from ..turns._values import HandlingMode
+from ._handlers import HandlerInfo, State, build_handler_info, handler_name
 from ._names import validate_identity
 from ._values import DEFAULT_DEDUP_CAPACITY, Addressability, Durability, TopologyPolicy
 
@@ -49,6 +54,14 @@ class AgentContext(Protocol):
     def send(self, peer: str, method: str, /, **kwargs: Any) -> Awaitable[Any]: ...
 
     def checkpoint(self) -> Awaitable[int]: ...
+
+    def set_timer(self, timer: TimerSpec) -> Awaitable[None]:
+        """Register ``timer`` for this identity (fenced)."""
+        ...
+
+    def forget_timer(self, name: str) -> Awaitable[bool]:
+        """Remove this identity's timer ``name`` (fenced); whether there was one."""
+        ...
 
 
 class Agent:
@@ -78,7 +91,7 @@ class Agent:
         for name, member in cls.__dict__.items():
             marker = getattr(member, "__rayfleet_handler__", None)
             if marker is not None:
-                handlers[name] = build_handler_info(name, member, marker["thread"])
+                handlers[name] = build_handler_info(name, member, marker["thread"], marker.get("shared", False))
         cls.__rayfleet_handlers__ = handlers
 
     def __init__(self) -> None:
@@ -118,6 +131,170 @@ class Agent:
     async def checkpoint(self) -> int:
         """Commit the current State now; returns the new checkpoint version."""
         return await self._context("checkpoint").checkpoint()
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, policy: str = "retry",
+                   **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per turn and journal its outcome; return its value.
+
+        The outcome (value or error) is journaled, fenced, before this returns. A turn
+        that runs again (its host died, a retry, a resumption) gets the journaled outcome
+        back here without running ``fn``. ``fn`` may be a function or a coroutine function;
+        a plain function runs on the host's event loop, so hand blocking work to
+        ``asyncio.to_thread`` inside it. Inside ``fn``, ``self.step_key`` is a key stable
+        across replays (``identity:turn:position``) to make an outside effect idempotent.
+
+        ``policy`` decides what happens to a step that was started and whose outcome was
+        never journaled (its host stopped in between): ``"retry"`` (the default) runs it
+        again; ``"unknown"`` journals that it started before running it, and after such
+        a stop raises ``rf.StepOutcomeUnknownError`` here instead of running it again.
+        A retryable error (``rf.RetryableError``) is not journaled: the turn is retried
+        by the agent's retry policy and the step runs again.
+
+        Raises:
+            NonDeterminismError: the journal holds something else at this position.
+            StepOutcomeUnknownError: see ``policy``.
+            StepValueError: the value cannot be encoded; the turn fails.
+            LeaseLostError: this host no longer owns the identity; the turn stops.
+            UsageError: called outside a handler's turn, or with an unknown policy.
+            Whatever ``fn`` raised (journaled: a replay raises it again).
+        """
+        return await current_turn("step").step(name, fn, args, kwargs, policy)
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` durably: the turn suspends and no host holds it meanwhile.
+
+        The wake time is journaled the first time the turn gets here, so a replay waits
+        only for what is left. While suspended, the turn holds no coroutine or memory on
+        any host and the identity may be deactivated; at the wake time the platform
+        delivers the turn to the identity's owner (activating it anywhere), which replays
+        it from its journal up to here and goes on. Later messages to the identity wait
+        behind the suspended turn, in order; the turn's caller keeps waiting for its
+        reply (up to its own timeout). ``sleep(0)`` returns at once.
+
+        Raises:
+            UsageError: ``seconds`` is not a finite number, or this runs outside a turn.
+            LeaseLostError: this host no longer owns the identity; the turn stops.
+        """
+        await current_turn("sleep").sleep(seconds)
+
+    async def wait_signal(self, name: str, *, timeout: float | None = None) -> Any:
+        """The value of the next signal ``name`` sent to this identity (``fleet.signal``); suspends until one comes.
+
+        Signals are durable and each is taken by one wait, oldest first: one sent before
+        the turn got here is taken at once. While waiting the turn is suspended, as in
+        :meth:`sleep`. ``timeout`` (seconds, from the first time the turn got here) is a
+        durable timer.
+
+        Raises:
+            WaitTimeoutError: the timeout came first (journaled: a replay raises it again).
+            UsageError: an empty name or a bad timeout, or this runs outside a turn.
+            LeaseLostError: this host no longer owns the identity; the turn stops.
+        """
+        return await current_turn("wait_signal").wait_signal(name, timeout)
+
+    async def approval(self, subject: str, *, data: Any = None, approvers: Iterable[str] = (),
+                       timeout: float | None = None, on_timeout: str = "reject") -> Any:
+        """Ask for a person's decision on ``subject`` and wait for it durably; returns an ``rf.Decision``.
+
+        The request goes to the fleet's approvals registry (``fleet.approvals``, ``rayfleet
+        approvals``, ``/v1/approvals``) with ``data`` for the approvers to see, and the turn
+        suspends as in :meth:`sleep` until someone in ``approvers`` (anyone, if empty)
+        decides it. Each approval is decided once: a second decision is refused. After
+        ``timeout`` seconds (from the first time the turn got here) the timeout decides
+        it: rejected (``on_timeout="reject"``, the default) or approved (``"approve"``),
+        with ``Decision.by == "timeout"``; whoever decided first wins.
+
+        Raises:
+            UsageError: an empty subject, bad approvers, timeout or on_timeout, or this
+                runs outside a turn.
+            InvalidSpecError: ``data`` cannot be encoded or is over 256 KiB encoded.
+            LeaseLostError: this host no longer owns the identity; the turn stops.
+        """
+        return await current_turn("approval").approval(subject, data, approvers, timeout, on_timeout)
+
+    def steering(self) -> list[Any]:
+        """The ``steer`` messages sent to this turn since it last asked, oldest first.
+
+        A message sent with ``mode="steer"`` while a turn of this agent runs joins that
+        turn: the turn reads it here (a message with one argument reads as that argument's
+        value, e.g. the text of ``ref.call("chat", text="in French", mode="steer")``; one
+        with more as its keyword arguments), and its caller gets the turn's reply. A turn
+        that never reads it leaves it to run after the turn, as a queued message. What a
+        turn read is journaled, so its replays read the same.
+
+        Raises:
+            UsageError: called outside a handler's turn.
+        """
+        return current_turn("steering").steering()
+
+    async def remind(self, name: str, /, *, method: str | Callable[..., Any], at: float | None = None,
+                     after: float | None = None, every: float | None = None,
+                     payload: Mapping[str, Any] | None = None, **arguments: Any) -> None:
+        """Call handler ``method`` of this agent (with ``arguments``) later: once ``at`` a time or ``after``
+        seconds, or ``every`` seconds. Replaces a reminder or schedule of the same ``name``.
+
+        The handler's keyword arguments are the other keywords, or ``payload=`` (a mapping)
+        for arguments named like this method's own (``method``, ``at``, ``after``, ...).
+
+        Durable: kept in the ledger, fired by whichever host is up, activating the identity
+        if it is dormant. Each firing is a message with the idempotency key
+        ``timer:<name>:<scheduled time>``, so it takes effect once per scheduled time even
+        across failovers. Written at once (fenced), not with the turn's commit: a turn that
+        fails after this call leaves the reminder set; set it again by the same name to
+        change it, or :meth:`forget` it.
+
+        Raises:
+            UsageError: no time, both ``at`` and ``after``, a time in the past, a period
+                not above 0, or a method this agent has no handler for.
+            LeaseLostError: this host no longer owns the identity.
+        """
+        context = self._context("remind")
+        timer = reminder(name, method=self._timer_method("remind", method), payload={**(payload or {}), **arguments},
+                         at=at, after=after, every=every, now=time.time())
+        await context.set_timer(timer)
+
+    async def schedule(self, name: str, /, *, cron: str, method: str | Callable[..., Any], tz: str = "UTC",
+                       overlap: str = "skip", catch_up: str = "latest", payload: Mapping[str, Any] | None = None,
+                       **arguments: Any) -> None:
+        """Call handler ``method`` (with ``arguments``) at each time of cron expression ``cron`` in time zone ``tz``.
+
+        Replaces a reminder or schedule of the same ``name``; fired as :meth:`remind`'s are,
+        and takes the handler's arguments the same way.
+        ``overlap="skip"`` (the default) lets a firing wait for the one before it to end;
+        ``"allow"`` queues each as its time comes. ``catch_up`` says what times that
+        passed unfired (the fleet was down, a firing ran long) do: ``"latest"`` (the
+        default) fires once for the latest, ``"all"`` fires each, ``"none"`` fires none.
+        ``fleet.timers()`` counts the missed and late ones.
+
+        Raises:
+            UsageError: a bad cron expression or time zone, an unknown policy, or a method
+                this agent has no handler for.
+            LeaseLostError: this host no longer owns the identity.
+        """
+        context = self._context("schedule")
+        timer = schedule(name, cron=cron, tz=tz, method=self._timer_method("schedule", method),
+                         payload={**(payload or {}), **arguments}, overlap=overlap, catch_up=catch_up, now=time.time())
+        await context.set_timer(timer)
+
+    async def forget(self, name: str) -> bool:
+        """Cancel the reminder or schedule ``name``; whether there was one.
+
+        Raises:
+            LeaseLostError: this host no longer owns the identity.
+        """
+        return await self._context("forget").forget_timer(name)
+
+    def _timer_method(self, api: str, method: str | Callable[..., Any]) -> str:
+        name = handler_name(method)
+        if name not in type(self).handler_names():
+            raise UsageError(f"self.{api}(method={name!r}): {type(self).__name__} has no such handler; it has "
+                             f"{', '.join(type(self).handler_names()) or 'none'}", api=f"self.{api}")
+        return name
+
+    @property
+    def step_key(self) -> str:
+        """The running step's stable key (``identity:turn:position``); only inside a step's function."""
+        return current_step_key()
 
     async def on_activate(self) -> None:
         """Called after the State is loaded, before the first turn."""
@@ -239,10 +416,14 @@ class AgentSpec:
     """How a handler that raises a retryable error is retried (5 attempts, 200 ms base)."""
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     """How many idempotency keys (and their replies) the agent remembers, oldest evicted first."""
+    on_busy: str = "queue"
+    """What a message does when the agent has a turn in progress (running or suspended), unless the
+    message says (``mode=``): ``"queue"``, ``"steer"``, ``"interrupt"`` or ``"reject"`` (``rf.HandlingMode``)."""
 
     def __post_init__(self) -> None:
         set_field = object.__setattr__
         set_field(self, "identity", validate_identity(self.identity))
+        set_field(self, "on_busy", HandlingMode.parse(self.on_busy).value)
         if isinstance(self.agent, str):
             resolve_agent_class(self.agent)
         elif not (isinstance(self.agent, type) and issubclass(self.agent, Agent)) or self.agent is Agent:
@@ -305,13 +486,16 @@ class AgentSpec:
             "retry": repr(self.retry),
             "dedup_capacity": self.dedup_capacity,
         }
+        if self.on_busy != HandlingMode.QUEUE.value:
+            # Only when set: specs stored before handling modes keep their fingerprints.
+            body["on_busy"] = self.on_busy
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
     def differences(self, other: AgentSpec) -> list[str]:
         """Names of the fields in which ``other`` declares something different."""
         names = []
         for name in ("addressability", "labels", "peers", "topology", "durability", "checkpoint_interval",
-                     "display_name", "context", "retry", "dedup_capacity"):
+                     "display_name", "context", "retry", "dedup_capacity", "on_busy"):
             if getattr(self, name) != getattr(other, name):
                 names.append(name)
         if self.agent_class_path != other.agent_class_path:

@@ -61,6 +61,8 @@ class HandlerInfo:
     in_thread: bool
     extra_keywords: str | None = None
     """Name of the handler's ``**kwargs`` parameter, if it takes one (extras pass unvalidated)."""
+    shared: bool = False
+    """``@rf.handler(shared=True)``: reads State only, runs beside the exclusive turn (see ``rf.handler``)."""
 
     def bind(self, identity: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Validate call arguments; return the keyword arguments to call with.
@@ -84,12 +86,19 @@ class HandlerInfo:
         return {**{name: getattr(validated, name) for name in given}, **extras}
 
 
-def handler(function: HandlerFunction | None = None, *, thread: bool = False) -> Any:
+def handler(function: HandlerFunction | None = None, *, thread: bool = False, shared: bool = False) -> Any:
     """Mark an agent method as a handler that messages can call.
 
     One handler runs at a time per identity. Prefer ``async def`` handlers that
     ``await`` their I/O; a blocking handler stalls every agent on its host, so mark
     it ``@rf.handler(thread=True)`` to run it in a worker thread instead.
+
+    ``shared=True`` marks a handler that only reads State (a status query, a dashboard):
+    it runs beside the exclusive turn instead of after it, and never waits behind a
+    suspended turn. It sees a copy of the State as it is in memory (the running turn's
+    changes included), and a shared handler that changes State is refused with
+    ``rf.UsageError`` (its changes are dropped). Its turn is never durable: durable calls
+    (``self.step``, waits) are refused in it.
 
     Raises:
         InvalidSpecError: at decoration time, if ``thread=True`` is used on an
@@ -104,7 +113,7 @@ def handler(function: HandlerFunction | None = None, *, thread: bool = False) ->
                 f"handler {target.__qualname__} is async; thread=True is for blocking def handlers only",
                 field="handler",
             )
-        target.__rayfleet_handler__ = {"thread": thread}  # type: ignore[attr-defined]
+        target.__rayfleet_handler__ = {"thread": thread, "shared": shared}  # type: ignore[attr-defined]
         return target
 
     if function is not None:
@@ -131,7 +140,7 @@ def handler_name(method: str | Callable[..., Any]) -> str:
     )
 
 
-def build_handler_info(name: str, function: Callable[..., Any], thread: bool) -> HandlerInfo:
+def build_handler_info(name: str, function: Callable[..., Any], thread: bool, shared: bool = False) -> HandlerInfo:
     signature = inspect.signature(function)
     fields: dict[str, Any] = {}
     hints = _resolved_hints(function)
@@ -162,6 +171,7 @@ def build_handler_info(name: str, function: Callable[..., Any], thread: bool) ->
         is_coroutine=inspect.iscoroutinefunction(function),
         in_thread=thread,
         extra_keywords=extra_keywords,
+        shared=shared,
     )
 
 

@@ -19,6 +19,19 @@ from ..identity._values import SnapshotPointer as SnapshotPointer
 from ._contract import LedgerCall as LedgerCall
 from ._contract import LedgerClient as LedgerClient
 from ._location import LedgerLocation as LedgerLocation
+from ._turn_rows import ApprovalRequest as ApprovalRequest
+from ._turn_rows import ApprovalResolved as ApprovalResolved
+from ._turn_rows import ApprovalRow as ApprovalRow
+from ._turn_rows import TimerFired as TimerFired
+from ._turn_rows import TimerRow as TimerRow
+from ._turn_rows import TimerSpec as TimerSpec
+from ._turn_rows import TurnEnd as TurnEnd
+from ._turn_rows import TurnEntry as TurnEntry
+from ._turn_rows import TurnEntryKind as TurnEntryKind
+from ._turn_rows import TurnEntryState as TurnEntryState
+from ._turn_rows import TurnRecord as TurnRecord
+from ._turn_rows import TurnWake as TurnWake
+from ._turn_rows import TurnWrite as TurnWrite
 from ._values import Activation as Activation
 from ._values import CheckpointCommit as CheckpointCommit
 from ._values import CheckpointRow as CheckpointRow
@@ -45,12 +58,22 @@ __all__ = [
     "LedgerClient",
     "LedgerLocation",
     # What operations take
+    "ApprovalRequest",
     "CheckpointCommit",
     "SpecRecord",
     "StepEntry",
+    "TimerFired",
+    "TimerSpec",
     "TopologyChange",
+    "TurnEnd",
+    "TurnEntry",
+    "TurnEntryKind",
+    "TurnEntryState",
+    "TurnWrite",
     # What operations return
     "Activation",
+    "ApprovalResolved",
+    "ApprovalRow",
     "CheckpointRow",
     "EdgeRow",
     "IdentityView",
@@ -67,5 +90,8 @@ __all__ = [
     "SnapshotPointer",
     "StepJournaled",
     "StoredMessage",
+    "TimerRow",
     "TopologySnapshot",
+    "TurnRecord",
+    "TurnWake",
 ]

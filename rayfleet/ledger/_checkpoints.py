@@ -10,20 +10,12 @@ the effect it guards is durable.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..errors import RayfleetError, StaleCheckpointVersionError, UnknownIdentityError
 from ..identity._values import SnapshotPointer
-from . import _leases, _runs
-from ._store import Row, Transaction, rows_in
+from . import _leases, _runs, _turns
+from ._store import Row, StoreClock, Transaction, rows_in
 from ._values import CheckpointCommit, CheckpointRow, CommitOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class StoreClock:
-    """The store's own clock as an SQL expression (``Database.clock_sql``), read as a statement runs."""
-
-    sql: str
 
 
 def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | StoreClock) -> list[CommitOutcome]:
@@ -53,7 +45,19 @@ def commit(tx: Transaction, commits: Iterable[CheckpointCommit], now: float | St
     for index, step, standing in standings:
         if outcomes[index] is None:
             outcomes[index] = _runs.journal_with_checkpoint(tx, step, standing)
+    for item, outcome in zip(batch, outcomes, strict=True):
+        if item.turn_end is not None and not isinstance(outcome, RayfleetError):
+            _turns.end(tx, item.identity, item.turn_end, _turn_time(tx, now))
     return outcomes
+
+
+def _turn_time(tx: Transaction, now: float | StoreClock) -> float:
+    """``now`` as a number: a turn's row keeps a time, read from the store's clock if that is what was given."""
+    if isinstance(now, StoreClock):
+        row = tx.execute(f"SELECT {now.sql}").fetchone()
+        assert row is not None  # a SELECT of an expression answers one row
+        return float(row[0])
+    return now
 
 
 def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[object]]:
@@ -111,8 +115,8 @@ def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[ob
 
 
 def fits_alone(item: CheckpointCommit) -> bool:
-    """Whether :func:`alone` can commit ``item``: it carries at most one idempotency key."""
-    return len(item.dedup) <= 1
+    """Whether :func:`alone` can commit ``item``: it carries at most one idempotency key and ends no turn."""
+    return len(item.dedup) <= 1 and item.turn_end is None
 
 
 def alone_outcome(item: CheckpointCommit, rows: list[Row]) -> tuple[bool, CommitOutcome]:

@@ -22,6 +22,18 @@ from ..identity._values import (
     LeaseDenied,
     SnapshotPointer,
 )
+from ._turn_rows import (
+    ApprovalRequest,
+    ApprovalResolved,
+    ApprovalRow,
+    TimerFired,
+    TimerRow,
+    TimerSpec,
+    TurnEnd,
+    TurnRecord,
+    TurnWake,
+    TurnWrite,
+)
 from ._values import (
     DEFAULT_LEASE_TTL,
     Activation,
@@ -292,6 +304,101 @@ class LedgerClient(Protocol):
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
         """Move parked messages to the dead letters (fenced); returns how many."""
+        ...
+
+    # -- durable turns
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> LedgerCall[None]:
+        """Journal a durable turn (fenced); a completed entry is never changed by a later write."""
+        ...
+
+    def end_turn(self, *, identity: str, fencing_token: int, ended: TurnEnd) -> LedgerCall[None]:
+        """End a durable turn without a commit of State (fenced); drops its journal."""
+        ...
+
+    def turn(self, *, identity: str, turn_id: str) -> LedgerCall[TurnRecord | None]:
+        """A turn's row and journal, or ``None``."""
+        ...
+
+    def turns(
+        self, *, identity: str | None = None, statuses: Sequence[str] = ("RUNNING", "SUSPENDED"), limit: int = 1000,
+    ) -> LedgerCall[list[TurnRecord]]:
+        """Turns with one of ``statuses``, newest first, without their journals."""
+        ...
+
+    def claim_wakes(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TurnWake]]:
+        """Suspended turns due now, claimed for ``claim_for`` seconds."""
+        ...
+
+    def wake_turns(self, *, identity: str, waiting_for: str) -> LedgerCall[list[str]]:
+        """Make the suspended turns waiting for ``waiting_for`` due now; returns their ids."""
+        ...
+
+    def send_signal(self, *, identity: str, name: str, signal_id: str, value: bytes) -> LedgerCall[list[TurnWake]]:
+        """Record a signal once per id; make the turns waiting for it due now and return them (not fenced)."""
+        ...
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> LedgerCall[bytes | None]:
+        """Take the oldest pending signal as the wait entry's outcome, or write the suspension (fenced)."""
+        ...
+
+    def pending_signals(self, *, identity: str) -> LedgerCall[list[tuple[str, str, float]]]:
+        """Signals no turn has taken yet: ``(name, signal id, sent at)``, oldest first."""
+        ...
+
+    def request_approval(
+        self, *, identity: str, fencing_token: int, request: ApprovalRequest, turn: TurnWrite,
+    ) -> LedgerCall[ApprovalRow]:
+        """Keep a turn's approval request (fenced) and, while pending, write the turn's suspension."""
+        ...
+
+    def resolve_approval(
+        self, *, approval_id: str, approved: bool, by: str, comment: str = "", data: bytes | None = None,
+        expect_version: int | None = None,
+    ) -> LedgerCall[ApprovalResolved]:
+        """Decide a pending approval once (compare-and-set, not fenced); wake its turn."""
+        ...
+
+    def approval(self, *, approval_id: str) -> LedgerCall[ApprovalRow | None]:
+        """One approval, or ``None``."""
+        ...
+
+    def approvals(
+        self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+    ) -> LedgerCall[list[ApprovalRow]]:
+        """Approvals by status and identity glob, oldest first."""
+        ...
+
+    def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:
+        """Register a reminder or schedule (fenced), replacing one of the same name."""
+        ...
+
+    def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> LedgerCall[bool]:
+        """Remove a timer (fenced when a token is given); whether there was one."""
+        ...
+
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
+        """Timers due now, claimed for ``claim_for`` seconds."""
+        ...
+
+    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
+        """Move a fired timer to its next time, or remove a one-off."""
+        ...
+
+    def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:
+        """Move an overlapping timer to its next time while this firing runs."""
+        ...
+
+    def fire_timer_now(self, *, identity: str, name: str) -> LedgerCall[bool]:
+        """Make a timer due now; whether there is one."""
+        ...
+
+    def timers(self, *, identity: str | None = None, due_before: float | None = None,
+               limit: int = 1000) -> LedgerCall[list[TimerRow]]:
+        """Timers, soonest due first."""
+        ...
+
+    def purge_turns(self, *, ended_before: float, limit: int = 10_000) -> LedgerCall[int]:
+        """Forget ended turns last changed before ``ended_before``; returns how many."""
         ...
 
     def add_dead_letter(

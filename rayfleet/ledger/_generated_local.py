@@ -9,6 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ._contract import LedgerCall
 from ._local_transport import LocalTransport
+from ._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnRecord, TurnWake, TurnWrite
 from ._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 
 
@@ -205,6 +206,87 @@ class LocalOperations(LocalTransport):
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
         return self._run(self.ledger.cancel_parked, identity=identity, fencing_token=fencing_token)
+
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> LedgerCall[None]:
+        return self._run(self.ledger.write_turn, identity=identity, fencing_token=fencing_token, turn=turn)
+
+    def end_turn(self, *, identity: str, fencing_token: int, ended: TurnEnd) -> LedgerCall[None]:
+        return self._run(self.ledger.end_turn, identity=identity, fencing_token=fencing_token, ended=ended)
+
+    def turn(self, *, identity: str, turn_id: str) -> LedgerCall[TurnRecord | None]:
+        return self._run(self.ledger.turn, identity=identity, turn_id=turn_id)
+
+    def turns(
+        self, *, identity: str | None = None, statuses: Sequence[str] = ('RUNNING', 'SUSPENDED'), limit: int = 1000,
+    ) -> LedgerCall[list[TurnRecord]]:
+        return self._run(self.ledger.turns, identity=identity, statuses=statuses, limit=limit)
+
+    def claim_wakes(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TurnWake]]:
+        return self._run(self.ledger.claim_wakes, limit=limit, claim_for=claim_for)
+
+    def wake_turns(self, *, identity: str, waiting_for: str) -> LedgerCall[list[str]]:
+        return self._run(self.ledger.wake_turns, identity=identity, waiting_for=waiting_for)
+
+    def send_signal(self, *, identity: str, name: str, signal_id: str, value: bytes) -> LedgerCall[list[TurnWake]]:
+        return self._run(self.ledger.send_signal, identity=identity, name=name, signal_id=signal_id, value=value)
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> LedgerCall[bytes | None]:
+        return self._run(self.ledger.wait_signal, identity=identity, fencing_token=fencing_token, name=name, turn=turn)
+
+    def pending_signals(self, *, identity: str) -> LedgerCall[list[tuple[str, str, float]]]:
+        return self._run(self.ledger.pending_signals, identity=identity)
+
+    def request_approval(
+        self, *, identity: str, fencing_token: int, request: ApprovalRequest, turn: TurnWrite,
+    ) -> LedgerCall[ApprovalRow]:
+        return self._run(
+            self.ledger.request_approval, identity=identity, fencing_token=fencing_token, request=request, turn=turn,
+        )
+
+    def resolve_approval(
+        self, *, approval_id: str, approved: bool, by: str, comment: str = "", data: bytes | None = None,
+        expect_version: int | None = None,
+    ) -> LedgerCall[ApprovalResolved]:
+        return self._run(
+            self.ledger.resolve_approval, approval_id=approval_id, approved=approved, by=by, comment=comment, data=data,
+            expect_version=expect_version,
+        )
+
+    def approval(self, *, approval_id: str) -> LedgerCall[ApprovalRow | None]:
+        return self._run(self.ledger.approval, approval_id=approval_id)
+
+    def approvals(
+        self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+    ) -> LedgerCall[list[ApprovalRow]]:
+        return self._run(self.ledger.approvals, status=status, identity=identity, limit=limit)
+
+    def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:
+        return self._run(self.ledger.set_timer, identity=identity, fencing_token=fencing_token, timer=timer)
+
+    def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> LedgerCall[bool]:
+        return self._run(self.ledger.forget_timer, identity=identity, name=name, fencing_token=fencing_token)
+
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
+        return self._run(self.ledger.claim_timers, limit=limit, claim_for=claim_for)
+
+    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
+        return self._run(self.ledger.settle_timer, fired=fired)
+
+    def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:
+        return self._run(
+            self.ledger.release_timer, identity=identity, name=name, scheduled=scheduled, next_due=next_due,
+        )
+
+    def fire_timer_now(self, *, identity: str, name: str) -> LedgerCall[bool]:
+        return self._run(self.ledger.fire_timer_now, identity=identity, name=name)
+
+    def timers(
+        self, *, identity: str | None = None, due_before: float | None = None, limit: int = 1000,
+    ) -> LedgerCall[list[TimerRow]]:
+        return self._run(self.ledger.timers, identity=identity, due_before=due_before, limit=limit)
+
+    def purge_turns(self, *, ended_before: float, limit: int = 10000) -> LedgerCall[int]:
+        return self._run(self.ledger.purge_turns, ended_before=ended_before, limit=limit)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

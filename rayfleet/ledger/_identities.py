@@ -19,7 +19,7 @@ from ..identity._values import (
     ContinuityRecord,
     SnapshotPointer,
 )
-from . import _checkpoints, _edges, _leases, _mailbox, _views
+from . import _approvals, _checkpoints, _edges, _leases, _mailbox, _signals, _timers, _turns, _views
 from ._store import Transaction
 from ._values import IdentityView, RegisterOutcome, SpecRecord
 
@@ -224,6 +224,10 @@ def delete(tx: Transaction, *, identity: str, fencing_token: int, now: float) ->
     _checkpoints.forget_keys(tx, identity)
     _edges.drop(tx, identity)
     _mailbox.drop(tx, identity, now)
+    _turns.drop(tx, identity)
+    _signals.drop(tx, identity)
+    _approvals.drop(tx, identity)
+    _timers.drop(tx, identity)
     # The high-water mark is kept forever, and one token is burnt, so the deleting
     # token (and any before it) is stale for an identity re-created under this name.
     _leases.raise_high_water(tx, identity)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import InternalError, InvalidSpecError, RayfleetError
+from ..errors import InternalError, InvalidSpecError, RayfleetError, UnknownIdentityError
 from ..identity._values import (
     PERSISTED_LIVE,
     ContinuityRecord,
@@ -22,6 +22,7 @@ from ..identity._values import (
     SnapshotPointer,
 )
 from . import (
+    _approvals,
     _checkpoints,
     _edges,
     _hosts,
@@ -30,6 +31,9 @@ from . import (
     _mailbox,
     _meta,
     _runs,
+    _signals,
+    _timers,
+    _turns,
     _views,
 )
 from ._sqlite import SqliteDatabase
@@ -42,9 +46,22 @@ from ._store import (
     Row,
     StalledSessions,
     Statement,
+    StoreClock,
     Transaction,
     WouldWait,
     WriteLockHolders,
+)
+from ._turn_rows import (
+    ApprovalRequest,
+    ApprovalResolved,
+    ApprovalRow,
+    TimerFired,
+    TimerRow,
+    TimerSpec,
+    TurnEnd,
+    TurnRecord,
+    TurnWake,
+    TurnWrite,
 )
 from ._values import (
     DEFAULT_LEASE_TTL,
@@ -102,9 +119,9 @@ class Ledger:
     def _now(self, tx: Transaction) -> float:
         return self._clock() if self._clock is not None else self._db.now(tx)
 
-    def _stamp(self) -> float | _checkpoints.StoreClock:
+    def _stamp(self) -> float | StoreClock:
         """What stamps a checkpoint's ``committed_at``: the given clock, else the store's, read by the update."""
-        return self._clock() if self._clock is not None else _checkpoints.StoreClock(self._db.clock_sql)
+        return self._clock() if self._clock is not None else StoreClock(self._db.clock_sql)
 
     def _on_open(self, tx: Transaction) -> None:
         # Lock-delay once per restart of the authority: leases it finds were held by
@@ -668,6 +685,173 @@ class Ledger:
         return self._db.write(
             lambda tx: _mailbox.cancel_parked(tx, identity=identity, fencing_token=fencing_token, now=self._now(tx))
         )
+
+    # -- durable turns
+
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> None:
+        """Journal a durable turn (fenced): create its row on the first write, set its status and wait, upsert entries.
+
+        A completed entry is never changed by a later write.
+        """
+        statement = self.write_turn_alone(identity=identity, fencing_token=fencing_token, turn=turn)
+        if statement is not None and statement.answer(self._db.write_alone(statement.sql, statement.parameters)):
+            return
+        self._db.write(
+            lambda tx: _turns.write(tx, identity=identity, fencing_token=fencing_token, turn=turn, now=self._now(tx))
+        )
+
+    def write_turn_alone(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> Statement[bool] | None:
+        """The one statement that is :meth:`write_turn` when its fence passes, on a store whose ``WITH`` may write.
+
+        Its answer is ``True`` when it wrote, ``None`` when the fence did not pass (nothing
+        written: :meth:`write_turn` then names the refusal). ``None`` on other stores.
+        """
+        if not self._db.dialect.writes_in_with:
+            return None
+        sql, parameters = _turns.alone(identity, fencing_token, turn, self._stamp())
+        return Statement(sql, parameters, lambda rows: True if rows and rows[0][0] else None)
+
+    def end_turn(self, *, identity: str, fencing_token: int, ended: TurnEnd) -> None:
+        """End a durable turn without a commit of State (fenced): a failed or interrupted turn. Drops its journal."""
+        self._db.write(
+            lambda tx: _turns.end_fenced(tx, identity=identity, fencing_token=fencing_token, ended=ended,
+                                         now=self._now(tx))
+        )
+
+    def turn(self, *, identity: str, turn_id: str) -> TurnRecord | None:
+        """A turn's row and journal, or ``None`` if it never journaled anything (or was purged)."""
+        return self._db.read(lambda tx: _turns.record(tx, identity, turn_id))
+
+    def turns(
+        self, *, identity: str | None = None, statuses: Sequence[str] = _turns.IN_PROGRESS, limit: int = 1000,
+    ) -> list[TurnRecord]:
+        """Turns with one of ``statuses`` (default: in progress), newest first; journals left out (``steps`` counts)."""
+        if limit <= 0:
+            raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
+        return self._db.read(lambda tx: _turns.listing(tx, identity=identity, statuses=tuple(statuses), limit=limit))
+
+    def claim_wakes(self, *, limit: int = 500, claim_for: float = 30.0) -> list[TurnWake]:
+        """Suspended turns whose wake time has come, oldest first, claimed for ``claim_for`` seconds.
+
+        A claim is no lock: a claimed turn not resumed (its row not written again) within
+        ``claim_for`` is claimable again.
+        """
+        return self._db.write(
+            lambda tx: _turns.claim_wakes(tx, now=self._now(tx), limit=limit, claim_for=claim_for)
+        )
+
+    def wake_turns(self, *, identity: str, waiting_for: str) -> list[str]:
+        """Make the suspended turns of ``identity`` waiting for ``waiting_for`` due now; returns their ids."""
+        def run(tx: Transaction) -> list[str]:
+            woken = _turns.waiting_for(tx, identity=identity, waiting_for=waiting_for)
+            now = self._now(tx)
+            return [turn_id for turn_id in woken if _turns.wake(tx, identity=identity, turn_id=turn_id, now=now)]
+        return self._db.write(run)
+
+    def send_signal(self, *, identity: str, name: str, signal_id: str, value: bytes) -> list[TurnWake]:
+        """Record signal ``name`` for ``identity`` once per ``signal_id``; make the turns waiting for it due now.
+
+        Returns the woken turns (their envelopes, for an immediate redelivery).
+
+        Raises:
+            UnknownIdentityError: no identity has that name.
+        """
+        def run(tx: Transaction) -> list[TurnWake]:
+            if not _views.exists(tx, identity):
+                raise UnknownIdentityError(identity=identity)
+            return _signals.send(tx, identity=identity, name=name, signal_id=signal_id, value=value,
+                                 now=self._now(tx))
+        return self._db.write(run)
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> bytes | None:
+        """Take the oldest pending signal ``name`` as the outcome of ``turn``'s one entry (fenced), or suspend.
+
+        With a signal pending, the entry is journaled completed with its value (returned)
+        and the signal is taken by this turn; without, ``turn`` (the suspension) is
+        written as given and ``None`` returned.
+        """
+        return self._db.write(lambda tx: _signals.wait(
+            tx, identity=identity, fencing_token=fencing_token, name=name, turn=turn, now=self._now(tx)))
+
+    def pending_signals(self, *, identity: str) -> list[tuple[str, str, float]]:
+        """Signals of ``identity`` no turn has taken: ``(name, signal id, sent at)``, oldest first."""
+        return self._db.read(lambda tx: _signals.pending(tx, identity=identity))
+
+    def request_approval(
+        self, *, identity: str, fencing_token: int, request: ApprovalRequest, turn: TurnWrite,
+    ) -> ApprovalRow:
+        """Keep a turn's approval request (once per id, fenced) and, while it is pending, suspend the turn.
+
+        Returns the approval as it is: pending (the turn is now suspended on it) or
+        already decided (nothing else written: the turn journals the decision).
+        """
+        return self._db.write(lambda tx: _approvals.request(
+            tx, identity=identity, fencing_token=fencing_token, asked=request, turn=turn, now=self._now(tx)))
+
+    def resolve_approval(
+        self, *, approval_id: str, approved: bool, by: str, comment: str = "", data: bytes | None = None,
+        expect_version: int | None = None,
+    ) -> ApprovalResolved:
+        """Decide a pending approval once (compare-and-set; not fenced) and make its turn due now.
+
+        Raises:
+            UnknownApprovalError: no approval has that id.
+            ApprovalConflictError: decided already (naming who decided), or not at ``expect_version``.
+            InvalidSpecError: ``by`` is not among its approvers.
+        """
+        return self._db.write(lambda tx: _approvals.resolve(
+            tx, approval_id=approval_id, approved=approved, by=by, comment=comment, data=data,
+            expect_version=expect_version, now=self._now(tx)))
+
+    def approval(self, *, approval_id: str) -> ApprovalRow | None:
+        """One approval, or ``None``."""
+        return self._db.read(lambda tx: _approvals.get(tx, approval_id))
+
+    def approvals(
+        self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+    ) -> list[ApprovalRow]:
+        """Approvals with ``status`` (``None``: any) of identities matching the glob ``identity``, oldest first."""
+        if limit <= 0:
+            raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
+        return self._db.read(lambda tx: _approvals.listing(tx, status=status, identity=identity, limit=limit))
+
+    def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> None:
+        """Register a reminder or schedule (fenced), replacing one of the same name."""
+        self._db.write(lambda tx: _timers.set_timer(tx, identity=identity, fencing_token=fencing_token, timer=timer,
+                                                    now=self._now(tx)))
+
+    def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> bool:
+        """Remove a timer (fenced when a token is given: an agent's own; not, an operator's); whether there was one."""
+        return self._db.write(lambda tx: _timers.forget(tx, identity=identity, name=name,
+                                                        fencing_token=fencing_token))
+
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> list[TimerRow]:
+        """Timers due now, soonest first, claimed for ``claim_for`` seconds (a claim is no lock: it lapses)."""
+        return self._db.write(lambda tx: _timers.claim(tx, now=self._now(tx), limit=limit, claim_for=claim_for))
+
+    def settle_timer(self, *, fired: TimerFired) -> bool:
+        """Move a fired timer to its next time, or remove a one-off; whether it was still at the fired time."""
+        return self._db.write(lambda tx: _timers.settle(tx, fired=fired, now=self._now(tx)))
+
+    def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> bool:
+        """Move a timer whose firings may overlap to its next time while this firing runs (claimable again)."""
+        return self._db.write(lambda tx: _timers.release(tx, identity=identity, name=name, scheduled=scheduled,
+                                                         next_due=next_due))
+
+    def fire_timer_now(self, *, identity: str, name: str) -> bool:
+        """Make a timer due now; whether there is one."""
+        return self._db.write(lambda tx: _timers.due_now(tx, identity=identity, name=name, now=self._now(tx)))
+
+    def timers(self, *, identity: str | None = None, due_before: float | None = None,
+               limit: int = 1000) -> list[TimerRow]:
+        """Timers of ``identity`` (or all) due before ``due_before`` (or any time), soonest first."""
+        if limit <= 0:
+            raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
+        return self._db.read(lambda tx: _timers.listing(tx, identity=identity, due_before=due_before, limit=limit))
+
+    def purge_turns(self, *, ended_before: float, limit: int = 10_000) -> int:
+        """Forget at most ``limit`` ended turns last changed before ``ended_before``; returns how many."""
+        return self._db.write(lambda tx: _turns.purge(tx, ended_before=ended_before, limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int

@@ -25,6 +25,7 @@ from ._generated_local import LocalOperations
 from ._ledger import Ledger
 from ._local_transport import Awaited, Completed, OperationObserver, Pending
 from ._store import Statement
+from ._turn_rows import TurnWrite
 from ._values import CheckpointCommit, CommitOutcome, RunRequests
 
 __all__ = ["Awaited", "Completed", "LocalLedgerClient", "OperationObserver", "Pending"]
@@ -99,6 +100,37 @@ class LocalLedgerClient(LocalOperations):
                 return done
         return super().journal_step(run_id=run_id, fencing_token=fencing_token, label=label, output=output,
                                     tokens=tokens)
+
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> LedgerCall[None]:
+        # A durable turn's journal write is on the path of every step: as a small commit is
+        # (see ``small_commits``), it runs on this thread or, on PostgreSQL, as one
+        # statement awaited on this event loop.
+        if self._small_commits > 0:
+            done = self._written_now("write_turn", lambda ledger: ledger.write_turn(
+                identity=identity, fencing_token=fencing_token, turn=turn))
+            if done is not None:
+                return done
+        if self._executor is not None and self.ledger.writes_awaited and _on_a_running_loop():
+            statement = self.ledger.write_turn_alone(identity=identity, fencing_token=fencing_token, turn=turn)
+            if statement is not None:
+                return Awaited(lambda: self._turn_awaited(statement, identity, fencing_token, turn),
+                               lambda: super(LocalLedgerClient, self).write_turn(
+                                   identity=identity, fencing_token=fencing_token, turn=turn))
+        return super().write_turn(identity=identity, fencing_token=fencing_token, turn=turn)
+
+    async def _turn_awaited(self, statement: Statement[bool], identity: str, fencing_token: int,
+                            turn: TurnWrite) -> None:
+        started = time.perf_counter()
+        try:
+            wrote = await self.ledger.write_awaited(statement)
+        except Exception as error:
+            self._heard("write_turn", type(error).__name__, started)
+            raise
+        if not wrote:
+            # Refused: the transaction names the reason.
+            await super().write_turn(identity=identity, fencing_token=fencing_token, turn=turn)
+            return
+        self._heard("write_turn", "OK", started)
 
     def _written_now(self, operation: str, write: Callable[[Ledger], T]) -> LedgerCall[T] | None:
         """``write(ledger)`` on this thread if the store takes it without waiting; ``None`` if it wrote nothing."""

@@ -289,4 +289,95 @@ CREATE INDEX IF NOT EXISTS journal_by_seq ON journal(run_id, seq);
 ALTER TABLE hosts ADD COLUMN pid {int};
 ALTER TABLE hosts ADD COLUMN process TEXT;
 """),
+    # 10: durable turns. A turn has a row once it journals something; its journal entries
+    # by position. Suspended turns are found by their wake time (never by a scan of turns).
+    Migration("""CREATE TABLE IF NOT EXISTS turns (
+    identity TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    status TEXT NOT NULL,
+    envelope {blob} NOT NULL,
+    waiting_for TEXT NOT NULL DEFAULT '',
+    wake_at {real},
+    claimed_until {real},
+    started_at {real} NOT NULL,
+    updated_at {real} NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (identity, turn_id)
+);
+CREATE INDEX IF NOT EXISTS turns_by_wake ON turns(wake_at);
+CREATE INDEX IF NOT EXISTS turns_by_update ON turns(updated_at);
+CREATE TABLE IF NOT EXISTS turn_steps (
+    identity TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    position {int} NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    value {blob},
+    PRIMARY KEY (identity, turn_id, position)
+);
+"""),
+    # 11: durable signals. Kept once per (identity, name, signal id) until a waiting turn
+    # takes one, oldest first (the index on the untaken ones of a name).
+    Migration("""CREATE TABLE IF NOT EXISTS signals (
+    identity TEXT NOT NULL,
+    name TEXT NOT NULL,
+    signal_id TEXT NOT NULL,
+    value {blob} NOT NULL,
+    sent_at {real} NOT NULL,
+    taken_by TEXT,
+    PRIMARY KEY (identity, name, signal_id)
+);
+CREATE INDEX IF NOT EXISTS signals_pending ON signals(identity, name, sent_at) WHERE taken_by IS NULL;
+"""),
+    # 12: the approvals registry. One row per (identity, turn, position), decided once
+    # (compare-and-set on status and version); listed by status.
+    Migration("""CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    identity TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    run_id TEXT NOT NULL DEFAULT '',
+    position {int} NOT NULL,
+    subject TEXT NOT NULL,
+    data {blob} NOT NULL,
+    approvers TEXT NOT NULL,
+    status TEXT NOT NULL,
+    version {int} NOT NULL,
+    decided_by TEXT NOT NULL DEFAULT '',
+    comment TEXT NOT NULL DEFAULT '',
+    decision_data {blob},
+    created {real} NOT NULL,
+    decided {real},
+    due {real},
+    on_timeout TEXT NOT NULL,
+    audit TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS approvals_by_status ON approvals(status, identity);
+CREATE INDEX IF NOT EXISTS approvals_of_identity ON approvals(identity);
+"""),
+    # 13: reminders and schedules. Due ones are found through the index on the due time,
+    # a bounded batch at a time: the sweep's cost is per due timer, never per timer.
+    Migration("""CREATE TABLE IF NOT EXISTS timers (
+    identity TEXT NOT NULL,
+    name TEXT NOT NULL,
+    method TEXT NOT NULL,
+    payload {blob} NOT NULL,
+    next_due {real} NOT NULL,
+    every {real},
+    cron TEXT NOT NULL DEFAULT '',
+    tz TEXT NOT NULL DEFAULT '',
+    overlap TEXT NOT NULL,
+    catch_up TEXT NOT NULL,
+    created {real} NOT NULL,
+    claimed_until {real},
+    last_fired {real},
+    fired {int} NOT NULL DEFAULT 0,
+    missed {int} NOT NULL DEFAULT 0,
+    late {int} NOT NULL DEFAULT 0,
+    last_lateness {real},
+    PRIMARY KEY (identity, name)
+);
+CREATE INDEX IF NOT EXISTS timers_by_due ON timers(next_due);
+"""),
 )

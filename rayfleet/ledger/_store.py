@@ -167,6 +167,13 @@ class WouldWait(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class StoreClock:
+    """The store's own clock as an SQL expression (``Database.clock_sql``), read as a statement runs."""
+
+    sql: str
+
+
+@dataclass(frozen=True, slots=True)
 class Statement(Generic[T]):
     """One statement that does a whole ledger operation when it passes, and how to read its answer."""
 

@@ -17,6 +17,7 @@ from ..identity._values import (
     LeaseGrant,
     SnapshotPointer,
 )
+from ._turn_rows import TurnEnd
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease lasts unless the fleet configures otherwise; hosts renew every TTL/3."""
@@ -78,6 +79,10 @@ class IdentityView:
     """Peers named in the spec (desired edges)."""
     wired_peers: tuple[str, ...] = ()
     """Peers it is wired to now (live edges), which ``self.peers`` shows."""
+    suspended_turn: str | None = None
+    """The id of its suspended turn, if one holds its mailbox (later messages wait behind it)."""
+    running_turn: str | None = None
+    """The id of a turn its last owner left running (it stopped mid-turn): the turn's re-send replays it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,7 +146,9 @@ class CheckpointCommit:
     checkpoint covers, committed in the same transaction as the pointer, so a key is
     remembered exactly when the effect it guards is durable. ``step``, when set, is a
     workflow step's output journaled in that same transaction (see :class:`StepEntry`):
-    the step is durable exactly when the turn that produced it is.
+    the step is durable exactly when the turn that produced it is. ``turn_end``, when
+    set, ends a durable turn in that same transaction (its row marked, its journal
+    dropped): the turn is complete exactly when its final State is committed.
     """
 
     identity: str
@@ -151,6 +158,7 @@ class CheckpointCommit:
     dedup: tuple[tuple[str, bytes], ...] = ()
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     step: StepEntry | None = None
+    turn_end: TurnEnd | None = None
 
 
 CommitOutcome: TypeAlias = RayfleetError | StepJournaled | None

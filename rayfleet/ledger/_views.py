@@ -113,6 +113,10 @@ def views(
         "i.reason", "i.addressability", "i.peers", "c.runtime_id", "c.session_id", "c.generation",
         "c.checkpoint_version", "c.fence", "c.snapshot_file", "c.snapshot_row", inline, "l.holder", "l.token",
         "l.ttl", LEASE_EXPIRES, "p.identity",
+        # At most one: a suspended turn holds the identity's mailbox (see rayfleet.turns).
+        "(SELECT min(t.turn_id) FROM turns t WHERE t.identity = i.identity AND t.status = 'SUSPENDED')",
+        # A turn left running by an owner that stopped: its re-send replays it from its journal.
+        "(SELECT min(t.turn_id) FROM turns t WHERE t.identity = i.identity AND t.status = 'RUNNING')",
     )
     rows = json_rows(tx, (
         f"SELECT {columns} FROM identities i LEFT JOIN continuity c ON c.identity = i.identity "
@@ -124,7 +128,7 @@ def views(
     found: dict[str, IdentityView] = {}
     for (identity, spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, declared, runtime_id,
          session_id, generation, version, record_token, file, file_row, state, holder, token, ttl, expires_at,
-         paused) in rows:
+         paused, suspended, running) in rows:
         record, pointer = _continuity_of(identity, runtime_id, session_id, generation, version, record_token, file,
                                          file_row, inline=None if state is None else bytes.fromhex(state))
         found[identity] = IdentityView(
@@ -132,7 +136,7 @@ def views(
             labels=json.loads(labels), addressability=addressability, lifecycle=lifecycle, reason=reason,
             continuity=record, snapshot=pointer, lease=_live_lease(holder, token, ttl, expires_at, now=now),
             paused=paused is not None, declared_peers=tuple(json.loads(declared)),
-            wired_peers=peers.get(identity, ()),
+            wired_peers=peers.get(identity, ()), suspended_turn=suspended, running_turn=running,
         )
     return {name: found[name] for name in names if name in found}
 

@@ -62,15 +62,12 @@ Answered = list[tuple[int, Reply | None, str | None]]
 
 @dataclass(frozen=True, slots=True)
 class EnvelopeRequest:
-    """One envelope for its target's owner: a ``deliver`` (the handler's value) or a ``dispatch``
-    (``(value, Usage)``, for workflow budgets). Sent alone when called with a host handle."""
+    """One envelope for its target's owner, answered with the turn's reply; sent alone when called with a handle."""
 
     envelope: Envelope
-    with_usage: bool = False
 
     def __call__(self, host: ray.actor.ActorHandle) -> ray.ObjectRef[Any]:
-        method = host.dispatch if self.with_usage else host.deliver
-        pending: ray.ObjectRef[Any] = method.remote(self.envelope.target, self.envelope.wire())
+        pending: ray.ObjectRef[Any] = host.deliver.remote(self.envelope.target, self.envelope.wire())
         return pending
 
 
@@ -83,15 +80,15 @@ class _Open:
 
 
 class Batcher:
-    """The courier's side: queues envelope requests per (loop, host, kind) until the loop's next turn."""
+    """The courier's side: queues envelope requests per (loop, host) until the loop's next turn."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[asyncio.AbstractEventLoop, str, bool], _Open] = {}
+        self._open: dict[tuple[asyncio.AbstractEventLoop, str], _Open] = {}
 
     def submit(self, host: str, handle: ray.actor.ActorHandle, request: EnvelopeRequest) -> asyncio.Future[Reply]:
         """Queue ``request`` for ``host``; the future gets its reply, or the error the call to the host met."""
         loop = asyncio.get_running_loop()
-        key = (loop, host, request.with_usage)
+        key = (loop, host)
         target = request.envelope.target
         batch = self._open.get(key)
         if batch is None or batch.per_target[target] >= RECENT_MESSAGES:
@@ -104,7 +101,7 @@ class Batcher:
         batch.per_target[target] += 1
         return reply
 
-    def _send(self, key: tuple[asyncio.AbstractEventLoop, str, bool], batch: _Open) -> None:
+    def _send(self, key: tuple[asyncio.AbstractEventLoop, str], batch: _Open) -> None:
         if self._open.get(key) is batch:
             del self._open[key]
         if len(batch.requests) == 1:
@@ -112,7 +109,7 @@ class Batcher:
             return
         envelopes = [request.envelope.wire() for request in batch.requests]
         try:
-            pending = batch.handle.serve_batch.remote(envelopes, key[2])
+            pending = batch.handle.serve_batch.remote(envelopes)
         except _UNSERIALIZABLE:
             # Some envelope cannot be serialized: alone, each gets its own answer (and only it the error).
             for request, reply in zip(batch.requests, batch.replies, strict=True):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -46,7 +47,11 @@ from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo
 from ..retry import RetryPolicy
 from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
+from ..turns._context import encode_signal
+from ..turns._timers import timer_info
+from ..turns._values import TimerInfo
 from ..workflow._definition import Workflow, WorkflowOutcome
+from ._approvals_client import ApprovalsClient
 from ._attach import join_ray
 from ._binding import require_fleet_marker
 from ._host_pool import HostPool
@@ -66,12 +71,14 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
+from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
 DEFAULT_STORAGE = "./.rayfleet"
 SPAWN_BATCH = 5_000
 """Specs per ledger transaction in ``spawn_many``."""
 REPLAY_LETTER_SCAN = 1_000_000
+
 """Dead letters of one identity read to find a replay's new letter (replays are rare, operator-driven)."""
 
 _rebuild_spec = rebuild_spec
@@ -242,6 +249,7 @@ class Fleet:
         self.topology = TopologyClient(self._ledger, HostNotifier(self._courier))
         """Peer wiring: ``wire``, ``unwire``, ``edges``, ``reconcile``, ``export``."""
         self.runs = RunsClient(self._ledger, self._runner)
+        self.approvals = ApprovalsClient(self._ledger, self._courier)
         """The run registry: ``get``, ``list_runs``, ``wait``, ``cancel``, ``pause``, ``resume``."""
         self._hosts = HostPool(
             namespace=config.namespace, storage=self.storage, ledger_url=self.ledger_location.url,
@@ -525,6 +533,66 @@ class Fleet:
     def _lifecycle(self, identity: str, operation: str, request: HostRequest) -> Any:
         view_of(self._ledger, identity)  # unknown identities fail here, with a clear error
         return self._courier.route_sync(identity, request, method=operation)
+
+    # -- signals ----------------------------------------------------------------------
+
+    def signal(self, identity: str, name: str, value: Any = None, *, signal_id: str | None = None) -> int:
+        """Send signal ``name`` (with ``value``) to ``identity``: durable, and taken by one ``wait_signal``.
+
+        The signal is recorded once per ``signal_id`` (a retry with the same id records
+        nothing new; without one, each call is a new signal). A turn suspended in
+        ``self.wait_signal(name)`` is resumed at once; otherwise the signal is kept until
+        a turn waits for that name. Returns how many suspended turns it woke (0 or 1).
+
+        Raises:
+            UnknownIdentityError: no agent has that identity.
+            InvalidSpecError: an empty name, or a value that cannot be encoded or is
+                over 256 KiB encoded.
+        """
+        blob = encode_signal(identity, name, value)
+        woken = self._ledger.send_signal(identity=identity, name=name, signal_id=signal_id or uuid.uuid4().hex,
+                                         value=blob).result()
+        deliver_wakes(self._courier, woken)
+        return len(woken)
+
+    # -- reminders and schedules --------------------------------------------------------
+
+    def timers(self, identity: str | None = None, *, due_within: float | None = None,
+               limit: int = 1000) -> list[TimerInfo]:
+        """Reminders and schedules, soonest due first: of ``identity`` (or all), due within ``due_within`` seconds.
+
+        Raises:
+            UnknownIdentityError: ``identity`` names no agent.
+            InvalidSpecError: a negative ``due_within`` or a limit below 1.
+        """
+        if identity is not None:
+            view_of(self._ledger, identity)
+        if due_within is not None and (not isinstance(due_within, (int, float)) or due_within < 0):
+            raise InvalidSpecError(f"due_within must be seconds >= 0, got {due_within!r}", field="due_within")
+        due_before = None if due_within is None else time.time() + due_within
+        rows = self._ledger.timers(identity=identity, due_before=due_before, limit=limit).result()
+        return [timer_info(row) for row in rows]
+
+    def fire_timer(self, identity: str, name: str) -> None:
+        """Make timer ``name`` of ``identity`` due now: a host fires it within its wake interval (about a second).
+
+        Raises:
+            UnknownIdentityError: no agent has that identity.
+            InvalidSpecError: it has no timer of that name.
+        """
+        view_of(self._ledger, identity)
+        if not self._ledger.fire_timer_now(identity=identity, name=name).result():
+            raise InvalidSpecError(f"{identity!r} has no timer {name!r}; list them with fleet.timers({identity!r})",
+                                   field="name")
+
+    def cancel_timer(self, identity: str, name: str) -> bool:
+        """Remove timer ``name`` of ``identity`` (as ``self.forget`` does from inside it); whether there was one.
+
+        Raises:
+            UnknownIdentityError: no agent has that identity.
+        """
+        view_of(self._ledger, identity)
+        return bool(self._ledger.forget_timer(identity=identity, name=name).result())
 
     # -- pause, parking and dead letters ---------------------------------------------
 

@@ -9,6 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
+from ..ledger._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnRecord, TurnWake, TurnWrite
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 from ._ledger_transport import Answer, RayCall, RayTransport, answer
 
@@ -217,6 +218,98 @@ class ActorOperations:
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> Answer[int]:
         return answer(self._refusal, self._ledger.cancel_parked, identity=identity, fencing_token=fencing_token)
+
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> Answer[None]:
+        return answer(self._refusal, self._ledger.write_turn, identity=identity, fencing_token=fencing_token, turn=turn)
+
+    def end_turn(self, *, identity: str, fencing_token: int, ended: TurnEnd) -> Answer[None]:
+        return answer(self._refusal, self._ledger.end_turn, identity=identity, fencing_token=fencing_token, ended=ended)
+
+    def turn(self, *, identity: str, turn_id: str) -> Answer[TurnRecord | None]:
+        return answer(self._refusal, self._ledger.turn, identity=identity, turn_id=turn_id)
+
+    def turns(
+        self, *, identity: str | None = None, statuses: Sequence[str] = ('RUNNING', 'SUSPENDED'), limit: int = 1000,
+    ) -> Answer[list[TurnRecord]]:
+        return answer(self._refusal, self._ledger.turns, identity=identity, statuses=statuses, limit=limit)
+
+    def claim_wakes(self, *, limit: int = 500, claim_for: float = 30.0) -> Answer[list[TurnWake]]:
+        return answer(self._refusal, self._ledger.claim_wakes, limit=limit, claim_for=claim_for)
+
+    def wake_turns(self, *, identity: str, waiting_for: str) -> Answer[list[str]]:
+        return answer(self._refusal, self._ledger.wake_turns, identity=identity, waiting_for=waiting_for)
+
+    def send_signal(self, *, identity: str, name: str, signal_id: str, value: bytes) -> Answer[list[TurnWake]]:
+        return answer(
+            self._refusal, self._ledger.send_signal, identity=identity, name=name, signal_id=signal_id, value=value,
+        )
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> Answer[bytes | None]:
+        return answer(
+            self._refusal, self._ledger.wait_signal, identity=identity, fencing_token=fencing_token, name=name,
+            turn=turn,
+        )
+
+    def pending_signals(self, *, identity: str) -> Answer[list[tuple[str, str, float]]]:
+        return answer(self._refusal, self._ledger.pending_signals, identity=identity)
+
+    def request_approval(
+        self, *, identity: str, fencing_token: int, request: ApprovalRequest, turn: TurnWrite,
+    ) -> Answer[ApprovalRow]:
+        return answer(
+            self._refusal, self._ledger.request_approval, identity=identity, fencing_token=fencing_token,
+            request=request, turn=turn,
+        )
+
+    def resolve_approval(
+        self, *, approval_id: str, approved: bool, by: str, comment: str = "", data: bytes | None = None,
+        expect_version: int | None = None,
+    ) -> Answer[ApprovalResolved]:
+        return answer(
+            self._refusal, self._ledger.resolve_approval, approval_id=approval_id, approved=approved, by=by,
+            comment=comment, data=data, expect_version=expect_version,
+        )
+
+    def approval(self, *, approval_id: str) -> Answer[ApprovalRow | None]:
+        return answer(self._refusal, self._ledger.approval, approval_id=approval_id)
+
+    def approvals(
+        self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+    ) -> Answer[list[ApprovalRow]]:
+        return answer(self._refusal, self._ledger.approvals, status=status, identity=identity, limit=limit)
+
+    def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> Answer[None]:
+        return answer(
+            self._refusal, self._ledger.set_timer, identity=identity, fencing_token=fencing_token, timer=timer,
+        )
+
+    def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> Answer[bool]:
+        return answer(
+            self._refusal, self._ledger.forget_timer, identity=identity, name=name, fencing_token=fencing_token,
+        )
+
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> Answer[list[TimerRow]]:
+        return answer(self._refusal, self._ledger.claim_timers, limit=limit, claim_for=claim_for)
+
+    def settle_timer(self, *, fired: TimerFired) -> Answer[bool]:
+        return answer(self._refusal, self._ledger.settle_timer, fired=fired)
+
+    def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> Answer[bool]:
+        return answer(
+            self._refusal, self._ledger.release_timer, identity=identity, name=name, scheduled=scheduled,
+            next_due=next_due,
+        )
+
+    def fire_timer_now(self, *, identity: str, name: str) -> Answer[bool]:
+        return answer(self._refusal, self._ledger.fire_timer_now, identity=identity, name=name)
+
+    def timers(
+        self, *, identity: str | None = None, due_before: float | None = None, limit: int = 1000,
+    ) -> Answer[list[TimerRow]]:
+        return answer(self._refusal, self._ledger.timers, identity=identity, due_before=due_before, limit=limit)
+
+    def purge_turns(self, *, ended_before: float, limit: int = 10000) -> Answer[int]:
+        return answer(self._refusal, self._ledger.purge_turns, ended_before=ended_before, limit=limit)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,
@@ -457,6 +550,89 @@ class RayOperations(RayTransport):
 
     def cancel_parked(self, *, identity: str, fencing_token: int) -> LedgerCall[int]:
         return RayCall(self.actor.cancel_parked.remote(identity=identity, fencing_token=fencing_token))
+
+    def write_turn(self, *, identity: str, fencing_token: int, turn: TurnWrite) -> LedgerCall[None]:
+        return RayCall(self.actor.write_turn.remote(identity=identity, fencing_token=fencing_token, turn=turn))
+
+    def end_turn(self, *, identity: str, fencing_token: int, ended: TurnEnd) -> LedgerCall[None]:
+        return RayCall(self.actor.end_turn.remote(identity=identity, fencing_token=fencing_token, ended=ended))
+
+    def turn(self, *, identity: str, turn_id: str) -> LedgerCall[TurnRecord | None]:
+        return RayCall(self.actor.turn.remote(identity=identity, turn_id=turn_id))
+
+    def turns(
+        self, *, identity: str | None = None, statuses: Sequence[str] = ('RUNNING', 'SUSPENDED'), limit: int = 1000,
+    ) -> LedgerCall[list[TurnRecord]]:
+        return RayCall(self.actor.turns.remote(identity=identity, statuses=statuses, limit=limit))
+
+    def claim_wakes(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TurnWake]]:
+        return RayCall(self.actor.claim_wakes.remote(limit=limit, claim_for=claim_for))
+
+    def wake_turns(self, *, identity: str, waiting_for: str) -> LedgerCall[list[str]]:
+        return RayCall(self.actor.wake_turns.remote(identity=identity, waiting_for=waiting_for))
+
+    def send_signal(self, *, identity: str, name: str, signal_id: str, value: bytes) -> LedgerCall[list[TurnWake]]:
+        return RayCall(self.actor.send_signal.remote(identity=identity, name=name, signal_id=signal_id, value=value))
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> LedgerCall[bytes | None]:
+        return RayCall(
+            self.actor.wait_signal.remote(identity=identity, fencing_token=fencing_token, name=name, turn=turn),
+        )
+
+    def pending_signals(self, *, identity: str) -> LedgerCall[list[tuple[str, str, float]]]:
+        return RayCall(self.actor.pending_signals.remote(identity=identity))
+
+    def request_approval(
+        self, *, identity: str, fencing_token: int, request: ApprovalRequest, turn: TurnWrite,
+    ) -> LedgerCall[ApprovalRow]:
+        return RayCall(self.actor.request_approval.remote(
+            identity=identity, fencing_token=fencing_token, request=request, turn=turn,
+        ))
+
+    def resolve_approval(
+        self, *, approval_id: str, approved: bool, by: str, comment: str = "", data: bytes | None = None,
+        expect_version: int | None = None,
+    ) -> LedgerCall[ApprovalResolved]:
+        return RayCall(self.actor.resolve_approval.remote(
+            approval_id=approval_id, approved=approved, by=by, comment=comment, data=data,
+            expect_version=expect_version,
+        ))
+
+    def approval(self, *, approval_id: str) -> LedgerCall[ApprovalRow | None]:
+        return RayCall(self.actor.approval.remote(approval_id=approval_id))
+
+    def approvals(
+        self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+    ) -> LedgerCall[list[ApprovalRow]]:
+        return RayCall(self.actor.approvals.remote(status=status, identity=identity, limit=limit))
+
+    def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:
+        return RayCall(self.actor.set_timer.remote(identity=identity, fencing_token=fencing_token, timer=timer))
+
+    def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> LedgerCall[bool]:
+        return RayCall(self.actor.forget_timer.remote(identity=identity, name=name, fencing_token=fencing_token))
+
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
+        return RayCall(self.actor.claim_timers.remote(limit=limit, claim_for=claim_for))
+
+    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
+        return RayCall(self.actor.settle_timer.remote(fired=fired))
+
+    def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:
+        return RayCall(
+            self.actor.release_timer.remote(identity=identity, name=name, scheduled=scheduled, next_due=next_due),
+        )
+
+    def fire_timer_now(self, *, identity: str, name: str) -> LedgerCall[bool]:
+        return RayCall(self.actor.fire_timer_now.remote(identity=identity, name=name))
+
+    def timers(
+        self, *, identity: str | None = None, due_before: float | None = None, limit: int = 1000,
+    ) -> LedgerCall[list[TimerRow]]:
+        return RayCall(self.actor.timers.remote(identity=identity, due_before=due_before, limit=limit))
+
+    def purge_turns(self, *, ended_before: float, limit: int = 10000) -> LedgerCall[int]:
+        return RayCall(self.actor.purge_turns.remote(ended_before=ended_before, limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

@@ -38,6 +38,7 @@ from ..errors import (
     is_retryable,
 )
 from ..host._events import EventSubscription
+from ..host._hosted import TurnResult
 from ..host._messages import DeadLetterReason, Envelope, EnvelopeWire
 from ..host._runtime import (
     DrainReport,
@@ -64,7 +65,7 @@ from ._placement import (
     live_nodes,
     nodes_without_hosts,
 )
-from ._replies import ERROR, OK, REDIRECT, RETRY, Reply, step_reply_wire
+from ._replies import ERROR, OK, REDIRECT, RETRY, Reply, turn_reply_wire, turn_value
 from ._routing import Courier, HostDirectory, deliver_request
 from ._shutdown_signals import DRAIN_ON_EXIT_TIMEOUT, NODE_DRAIN_POLL, drain_on_sigterm, node_drain_timeout
 
@@ -127,11 +128,11 @@ def _received(identity: str, sent: object) -> Envelope | InvalidSpecError:
     return envelope
 
 
-async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> Any:
+async def _deliver_as_turn(runtime: HostRuntime, envelope: Envelope) -> TurnResult:
     """Deliver ``envelope`` here with it marked as this task's current turn (for the handler's sends)."""
     token = _CURRENT_TURN.set(envelope)
     try:
-        return await runtime.deliver_envelope(envelope)
+        return await runtime.delivery.deliver(envelope)
     finally:
         _CURRENT_TURN.reset(token)
 
@@ -171,10 +172,19 @@ class _HostRouter:
         runtime = self._host.runtime
         if runtime.is_active(target):
             try:
-                return await within(_deliver_as_turn(runtime, envelope), timeout)
+                return (await within(_deliver_as_turn(runtime, envelope), timeout)).value
             except TimeoutError:
                 raise DeadlineExceededError(identity=target, method=method, timeout=timeout) from None
-        return await self._host.courier.route_async(target, deliver_request(envelope), method=method, timeout=timeout)
+        return turn_value(
+            await self._host.courier.route_async(target, deliver_request(envelope), method=method, timeout=timeout)
+        )
+
+    async def deliver(self, envelope: Envelope) -> Any:
+        runtime = self._host.runtime
+        if runtime.is_active(envelope.target):
+            return (await runtime.delivery.deliver(envelope)).value
+        return turn_value(await self._host.courier.route_async(
+            envelope.target, deliver_request(envelope), method=envelope.method, timeout=PEER_SEND_TIMEOUT))
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -356,33 +366,23 @@ class AgentHost:
             return ERROR, InternalError(detail=f"on {self.name}, {type(error).__name__}: {error}")
 
     async def deliver(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
-        received = _received(identity, envelope)
-        if isinstance(received, InvalidSpecError):
-            return ERROR, received
-
-        async def turn() -> Any:
-            return (await _deliver_as_turn(self.runtime, received)).value
-
-        return await self._serve(turn)
-
-    async def dispatch(self, identity: str, envelope: Envelope | EnvelopeWire) -> tuple[str, Any]:
-        """Like :meth:`deliver`, but the reply carries the turn's usage and what became of the workflow step
-        it was asked to journal, as :func:`~rayfleet.platform._replies.step_reply_wire` encodes them."""
+        """Run one message through this host's front door (``runtime.delivery``); the reply is the turn's
+        value, usage and what became of the workflow step it was asked to journal, as
+        :func:`~rayfleet.platform._replies.turn_reply_wire` encodes them."""
         received = _received(identity, envelope)
         if isinstance(received, InvalidSpecError):
             return ERROR, received
 
         async def turn() -> Any:
             result = await _deliver_as_turn(self.runtime, received)
-            return step_reply_wire(result.value, result.usage, result.step)
+            return turn_reply_wire(result.value, result.usage, result.step)
 
         return await self._serve(turn)
 
-    async def serve_batch(self, envelopes: list[EnvelopeWire], with_usage: bool) -> Answered:
-        """Serve several requests of one caller at once: each as :meth:`dispatch` (``with_usage``) or
-        :meth:`deliver` would, concurrently; the answer lists replies as ``_batching`` describes."""
-        serve = self.dispatch if with_usage else self.deliver
-        turns = [functools.partial(serve, wire[0] if isinstance(wire, tuple) and wire else "", wire)
+    async def serve_batch(self, envelopes: list[EnvelopeWire]) -> Answered:
+        """Serve several requests of one caller at once, each as :meth:`deliver` would, concurrently; the
+        answer lists replies as ``_batching`` describes."""
+        turns = [functools.partial(self.deliver, wire[0] if isinstance(wire, tuple) and wire else "", wire)
                  for wire in envelopes]
         return await self._batches.serve(turns)
 
@@ -487,15 +487,15 @@ class AgentHost:
         return await self._serve(lambda: self.runtime.deactivate(identity))
 
     async def pause(self, identity: str) -> tuple[str, Any]:
-        return await self._serve(lambda: self.runtime.pause(identity))
+        return await self._serve(lambda: self.runtime.delivery.pause(identity))
 
     async def resume(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were replayed."""
-        return await self._serve(lambda: self.runtime.resume(identity))
+        return await self._serve(lambda: self.runtime.delivery.resume(identity))
 
     async def cancel_parked(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were dead-lettered."""
-        return await self._serve(lambda: self.runtime.cancel_parked(identity))
+        return await self._serve(lambda: self.runtime.delivery.cancel_parked(identity))
 
     async def deactivate_all(self) -> int:
         """Checkpoint and release every agent hosted now (see :meth:`HostRuntime.deactivate_all`); returns how many."""

@@ -100,6 +100,9 @@ METRICS: tuple[MetricInfo, ...] = (
                description="Messages sent to the dead-letter log (reason: a DeadLetterReason)."),
     MetricInfo(name="rayfleet_parked_messages", kind="counter", tags=("agent_class", "host"), source="host",
                description="Messages parked because their agent was paused."),
+    MetricInfo(name="rayfleet_turn_events", kind="counter", tags=("agent_class", "host", "event"), source="host",
+               description="Durable turns: steps run, and turns suspended, resumed, completed, failed and interrupted "
+               "(event: step, suspended, resumed, completed, failed, interrupted)."),
     MetricInfo(name="rayfleet_ledger_operations", kind="counter", tags=("operation", "outcome"), source="ledger",
                description="Operations the SQLite ledger actor served (outcome: OK or the refusal's error class)."),
     MetricInfo(name="rayfleet_ledger_operation_seconds", kind="histogram", tags=("operation",), source="ledger",
@@ -164,6 +167,7 @@ class RayHostMetrics:
         self._checkpoints: defaultdict[str, int] = defaultdict(int)
         self._stale: defaultdict[str, int] = defaultdict(int)
         self._batches: list[int] = []
+        self._turn_events: defaultdict[tuple[str, str], int] = defaultdict(int)
         self._renewals = 0
         self._leases_lost = 0
         self._active: defaultdict[str, int] = defaultdict(int)
@@ -202,6 +206,9 @@ class RayHostMetrics:
 
     def commit_batch(self, size: int) -> None:
         self._batches.append(size)
+
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        self._turn_events[agent_class, event] += count
 
     # -- export ---------------------------------------------------------------------
 
@@ -244,6 +251,9 @@ class RayHostMetrics:
         for reason, count in stale.items():
             counters["rayfleet_stale_fence_refusals"].inc(count, self._series("rayfleet_stale_fence_refusals",
                                                                                 host, reason))
+        turn_events, self._turn_events = self._turn_events, defaultdict(int)
+        for (agent_class, event), count in turn_events.items():
+            counters["rayfleet_turn_events"].inc(count, self._series("rayfleet_turn_events", agent_class, host, event))
         batches, self._batches = self._batches, []
         sizes = histograms["rayfleet_commit_batch_size"]
         for size in batches:

@@ -22,23 +22,28 @@ ERROR = "error"
 Reply = tuple[str, Any]
 
 
-StepReplyWire = tuple[Any, int, int, "tuple[bool, bool, bool] | None"]
-"""A ``dispatch`` reply's payload: the value, the usage's prompt and completion tokens, and
-the journaled step as ``(inserted, cancel requested, pause requested)`` or ``None``.
+TurnReplyWire = tuple[Any, int, int, "tuple[bool, bool, bool] | None"]
+"""A delivered turn's reply payload: the value, the usage's prompt and completion tokens, and
+the journaled workflow step as ``(inserted, cancel requested, pause requested)`` or ``None``.
 
 Plain tuples of ints and bools travel by Ray's msgpack path; the dataclasses they stand
 for would be pickled, which costs every reply a visible share of a whole call (benchmark
 B1, call latency, in ``benchmarks/calls.py``)."""
 
 
-def step_reply_wire(value: Any, usage: Usage, step: StepJournaled | None) -> StepReplyWire:
-    """The wire form of a dispatch's reply (see :data:`StepReplyWire`)."""
+def turn_reply_wire(value: Any, usage: Usage, step: StepJournaled | None) -> TurnReplyWire:
+    """The wire form of a turn's reply (see :data:`TurnReplyWire`)."""
     journaled = None if step is None else (step.inserted, step.requests.cancel, step.requests.pause)
     return value, usage.prompt_tokens, usage.completion_tokens, journaled
 
 
-def step_reply_from_wire(wire: StepReplyWire) -> tuple[Any, Usage, StepJournaled | None]:
-    """The value, usage and journaled step that :func:`step_reply_wire` sent."""
+def turn_value(wire: TurnReplyWire) -> Any:
+    """The handler's value in a turn's reply."""
+    return wire[0]
+
+
+def turn_reply_from_wire(wire: TurnReplyWire) -> tuple[Any, Usage, StepJournaled | None]:
+    """The value, usage and journaled step that :func:`turn_reply_wire` sent."""
     value, prompt_tokens, completion_tokens, journaled = wire
     step = None if journaled is None else StepJournaled(
         inserted=journaled[0], requests=RunRequests(cancel=journaled[1], pause=journaled[2]))

@@ -725,14 +725,9 @@ def _cancel(pending: ray.ObjectRef[Any]) -> None:
 
 
 def deliver_request(envelope: Envelope) -> EnvelopeRequest:
-    """Run one turn on the owner; its reply is the handler's value. Batched on the async path."""
+    """Run one turn on the owner; its reply is a :data:`~rayfleet.platform._replies.TurnReplyWire`
+    (decode it with ``turn_value`` or ``turn_reply_from_wire``). Batched on the async path."""
     return EnvelopeRequest(envelope)
-
-
-def dispatch_request(envelope: Envelope) -> EnvelopeRequest:
-    """Run one turn on the owner; its reply is ``(value, Usage, StepJournaled | None)``, for workflow budgets
-    and steps journaled with the turn (``Envelope.journal``). Batched on the async path."""
-    return EnvelopeRequest(envelope, with_usage=True)
 
 
 def tell_request(envelope: Envelope) -> HostRequest:

@@ -42,8 +42,8 @@ from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import JournalWith, StepReply, WorkflowEngine
 from ._ledger_client import connect_ledger_from
 from ._metrics import RayRunMetrics
-from ._replies import step_reply_from_wire
-from ._routing import Courier, HostDirectory, dispatch_request
+from ._replies import turn_reply_from_wire
+from ._routing import Courier, HostDirectory, deliver_request
 
 log = logging.getLogger("rayfleet.workflow")
 
@@ -71,8 +71,8 @@ class RayDispatcher:
             idempotency_key=idempotency_key, conversation=conversation, sequence=sequence,
             journal=None if journal is None else (journal.run_id, journal.label, journal.token),
         )
-        wire = await self._courier.route_async(target, dispatch_request(envelope), method=method, timeout=timeout)
-        value, usage, journaled = step_reply_from_wire(wire)
+        wire = await self._courier.route_async(target, deliver_request(envelope), method=method, timeout=timeout)
+        value, usage, journaled = turn_reply_from_wire(wire)
         return StepReply(value, usage, journaled)
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -146,6 +146,12 @@ class RosterAgent(pydantic.BaseModel, extra="forbid", frozen=True):
     dedup_capacity: _Count = pydantic.Field(
         default=_default(AgentSpec, "dedup_capacity"),
         description="How many idempotency keys (and their replies) the agent remembers, oldest evicted first.",
+    )
+    on_busy: Literal["queue", "steer", "interrupt", "reject"] = pydantic.Field(
+        default="queue",
+        description="What a message does when the agent has a turn in progress, unless the message says "
+                    "(mode=): queue (wait its turn), steer (join the running turn), interrupt (stop it), "
+                    "reject (refuse with AgentBusyError).",
     )
 
     def to_spec(self) -> AgentSpec:

@@ -63,3 +63,14 @@ def kill_processes_under(temp_dir: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         time.sleep(1.0)
+
+
+def host_reply(answer: tuple[str, object]) -> tuple[str, object]:
+    """A host actor's ``deliver`` answer as ``(kind, value)``: an ``"ok"`` answer carries the
+    turn's wire form (value, usage, journaled step), of which tests reaching a host directly
+    want the handler's value; an error answer is the error itself."""
+    kind, payload = answer
+    if kind == "ok":
+        assert isinstance(payload, tuple), payload
+        return kind, payload[0]
+    return kind, payload

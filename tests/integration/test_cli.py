@@ -41,6 +41,19 @@ class Greeter(rf.Agent):
         return f"hello {name} #{len(self.state.greeted)}"
 
     @rf.handler
+    async def wait_for(self, name: str) -> object:
+        return await self.wait_signal(name)
+
+    @rf.handler
+    async def ask(self, subject: str) -> str:
+        decision = await self.approval(subject, data={"subject": subject}, approvers=["alice", "bob"])
+        return f"{subject}: {'approved' if decision.approved else 'rejected'} by {decision.by} ({decision.comment})"
+
+    @rf.handler
+    async def plan(self, every: float) -> None:
+        await self.remind("nudge", every=every, method="greet", name="timer")
+
+    @rf.handler
     async def close(self, closed: bool) -> bool:
         self.state.closed = closed
         return closed
@@ -335,3 +348,61 @@ def test_read_only_commands_read_a_stopped_embedded_fleet_without_a_cluster(tmp_
     # A command that needs a running fleet still says there is none.
     refused_send = rayfleet("send", "counter/alice", "add", "--json", "{\"n\": 1}")
     assert refused_send.returncode == 2 and "no fleet to attach to" in refused_send.stderr
+
+
+@pytest.mark.timeout(180)
+def test_signal_and_approvals_list_show_approve_reject(shared: CliFleet) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(shared.fleet.agent("greeter/3").call, "wait_for", name="go")
+        sent = shared.data("signal", "greeter/3", "go", "--value", '{"eur": 30}', "--id", "sig-1", "--json")
+        assert sent["identity"] == "greeter/3" and sent["woken"] in (0, 1)
+        assert waiting.result(timeout=60) == {"eur": 30}
+        kept = shared.run("signal", "greeter/3", "later")
+        assert kept.exit_code == 0 and "kept until a turn waits" in kept.stdout
+        refused(shared.run("signal", "nobody/here", "go"), 2, "unknown identity")
+        refused(shared.run("signal", "greeter/3", "go", "--value", "{nope"), 2, "not valid JSON")
+
+        asked = pool.submit(shared.fleet.agent("greeter/1").call, "ask", subject="refund")
+        deadline = time.monotonic() + 60
+        while not (pending := shared.data("approvals", "list", "--identity", "greeter/*", "--json")):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        (approval,) = pending
+        assert (approval["subject"], approval["status"], approval["data"]) == ("refund", "PENDING",
+                                                                              {"subject": "refund"})
+        shown = shared.run("approvals", "show", approval["id"])
+        assert shown.exit_code == 0 and "refund" in shown.stdout and "alice, bob" in shown.stdout
+        refused(shared.run("approvals", "approve", approval["id"], "--by", "mallory"), 2, "approvers")
+        refused(shared.run("approvals", "approve", approval["id"], "--by", "alice", "--expect-version", "9"), 2,
+                "changed since you read it")
+        decided = shared.data("approvals", "approve", approval["id"], "--by", "alice", "--comment", "ok", "--json")
+        assert (decided["status"], decided["decided_by"]) == ("APPROVED", "alice")
+        assert asked.result(timeout=60) == "refund: approved by alice (ok)"
+    refused(shared.run("approvals", "reject", approval["id"], "--by", "bob"), 2, "already approved by alice")
+    refused(shared.run("approvals", "show", "no-such"), 2, "there is no approval")
+    assert shared.data("approvals", "list", "--json") == []
+    everything = shared.data("approvals", "list", "--status", "all", "--json")
+    assert [item["id"] for item in everything] == [approval["id"]]
+
+
+@pytest.mark.timeout(120)
+def test_timers_list_fire_now_and_cancel(shared: CliFleet) -> None:
+    import time
+
+    assert shared.data("send", "greeter/3", "plan", "--json", '{"every": 3600}') is None
+    (timer,) = shared.data("timers", "list", "--identity", "greeter/3", "--json")
+    assert (timer["name"], timer["kind"], timer["method"], timer["every"]) == ("nudge", "periodic", "greet", 3600.0)
+    assert "nudge" in shared.run("timers", "list").stdout
+    assert shared.data("timers", "list", "--due-within", "60", "--json") == []
+    assert shared.run("timers", "fire-now", "greeter/3", "nudge").exit_code == 0
+    deadline = time.monotonic() + 60
+    while shared.data("timers", "list", "--identity", "greeter/3", "--json")[0]["fired"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert shared.data("timers", "cancel", "greeter/3", "nudge", "--json")["cancelled"] is True
+    assert shared.data("timers", "list", "--identity", "greeter/3", "--json") == []
+    refused(shared.run("timers", "fire-now", "greeter/3", "nudge"), 2, "has no timer")
+    refused(shared.run("timers", "list", "--identity", "nobody/here"), 2, "unknown identity")

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import ray
 from polling import eventually
-from ray_helpers import kill_actor
+from ray_helpers import host_reply, kill_actor
 
 import rayfleet as rf
 
@@ -577,15 +577,15 @@ def test_bad_input_gets_a_clear_error_and_the_host_keeps_serving(fleet: rf.Fleet
     owner = fleet.status(identity).host
     assert owner is not None
     host = ray.get_actor(owner, namespace=fleet.config.namespace)
-    kind, error = ray.get(host.deliver.remote(identity, "not an envelope"), timeout=60)
+    kind, error = host_reply(ray.get(host.deliver.remote(identity, "not an envelope"), timeout=60))
     assert kind == "error" and isinstance(error, rf.RayfleetError), (kind, error)
     assert "Envelope" in str(error) and "str" in str(error), str(error)
     misaddressed = rf.Envelope(target="bad/elsewhere", method="add", kwargs={"n": 1})
-    kind, error = ray.get(host.deliver.remote(identity, misaddressed), timeout=60)
+    kind, error = host_reply(ray.get(host.deliver.remote(identity, misaddressed), timeout=60))
     assert kind == "error" and isinstance(error, rf.RayfleetError), (kind, error)
 
     # The host is still up and serving, and nothing bad was applied.
-    kind, value = ray.get(host.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 1})))
+    kind, value = host_reply(ray.get(host.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 1}))))
     assert (kind, value) == ("ok", 3)
     assert fleet.status(identity).host == owner
     assert ref.call("get")["total"] == 3

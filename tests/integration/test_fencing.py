@@ -2,6 +2,7 @@
 
 import pytest
 import ray
+from ray_helpers import host_reply
 
 import rayfleet as rf
 
@@ -46,7 +47,7 @@ def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_any_fl
     assert identity in freed
 
     # B takes over: a new, larger token, loading the committed State (1).
-    kind, value = ray.get(host_b.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 10})))
+    kind, value = host_reply(ray.get(host_b.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 10}))))
     assert (kind, value) == ("ok", 11)
     taken = fleet.status(identity)
     assert taken.host == name_b
@@ -55,7 +56,7 @@ def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_any_fl
 
     # A still has the agent (State 1) in memory and runs the turn, but its commit
     # presents the superseded token and must be refused.
-    kind, error = ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 100})))
+    kind, error = host_reply(ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 100}))))
     assert kind == "error"
     assert isinstance(error, rf.LeaseLostError), error
     assert error.identity == identity
@@ -73,8 +74,8 @@ def test_zombie_host_commit_is_refused_after_another_host_takes_over(make_any_fl
     assert committed.lease is not None and committed.lease.fencing_token == taken.lease.fencing_token
 
     # A dropped the agent when its commit was refused; it now points callers at B.
-    assert ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="get", kwargs={}))) == ("redirect", name_b)
-    assert ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 1000}))) == ("redirect", name_b)
+    assert host_reply(ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="get", kwargs={})))) == ("redirect", name_b)
+    assert host_reply(ray.get(host_a.deliver.remote(identity, rf.Envelope(target=identity, method="add", kwargs={"n": 1000})))) == ("redirect", name_b)
 
     # Through the fleet (whose cached route still names A): A redirects, B answers.
     assert ref.call("get") == 11

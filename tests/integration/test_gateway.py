@@ -53,6 +53,27 @@ class Opaque:
     """A reply JSON has no form for."""
 
 
+class Clerk(rf.Agent):
+    """Waits for a signal, and asks for an approval."""
+
+    @rf.handler
+    async def wait_for(self, name: str) -> object:
+        return await self.wait_signal(name)
+
+    @rf.handler
+    async def refund(self, eur: int) -> str:
+        decision = await self.approval("refund", data={"eur": eur}, approvers=["alice", "bob"])
+        return f"{'approved' if decision.approved else 'rejected'} by {decision.by}"
+
+    @rf.handler
+    async def plan(self) -> None:
+        await self.schedule("digest", cron="0 8 * * *", tz="Europe/Paris", method="digest", team="eu")
+
+    @rf.handler
+    async def digest(self, team: str) -> str:
+        return f"digest for {team}"
+
+
 class Spare(rf.Agent):
     """A class no agent of the fleet runs: a roster may name it only because its module is allowed."""
 
@@ -76,6 +97,7 @@ def gw_fleet(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     fleet.spawn("counter/carol", Counter, labels={"team": "b"})
     fleet.spawn("flaky/one", Flaky)
     fleet.spawn("bank/slow", Bank)
+    fleet.spawn("clerk/eu", Clerk)
     yield fleet
     fleet.shutdown(stop_actors=True)
 
@@ -150,7 +172,7 @@ async def test_list_agents_filters_by_label_and_pages_by_identity(http: aiohttp.
         cursor = page["next_cursor"]
         if cursor is None:
             break
-    assert seen == ["bank/slow", "counter/alice", "counter/bob", "counter/carol", "flaky/one"]
+    assert seen == ["bank/slow", "clerk/eu", "counter/alice", "counter/bob", "counter/carol", "flaky/one"]
     status, body = await answer(await http.get("/v1/agents", params=[("label", "team")]))
     assert status == 400 and error_of(body)["field"] == "label.0"
     status, body = await answer(await http.get("/v1/agents", params={"limit": "5000"}))
@@ -393,6 +415,78 @@ async def test_dead_letters_list_and_replay(http: aiohttp.ClientSession) -> None
 
 
 # --------------------------------------------------------------------------- serve
+
+
+async def test_a_signal_resumes_the_waiting_turn_and_bad_signals_are_refused(http: aiohttp.ClientSession) -> None:
+    clerk = path_of("clerk/eu")
+    waiting = asyncio.ensure_future(http.post(f"/v1/agents/{clerk}/call/wait_for", json={"name": "paid"}))
+    status, body = await answer(await http.post(f"/v1/agents/{clerk}/signals/paid",
+                                                json={"value": {"eur": 30}, "signal_id": "s-1"}))
+    assert status == 202 and body["identity"] == "clerk/eu" and body["woken"] in (0, 1)
+    status, body = await answer(await waiting)
+    assert (status, body["value"]) == (200, {"eur": 30})
+    status, body = await answer(await http.post(f"/v1/agents/{path_of('nobody/here')}/signals/paid", json={}))
+    assert status == 404 and error_of(body)["type"] == "UnknownIdentityError"
+    status, body = await answer(await http.post(f"/v1/agents/{clerk}/signals/paid", json={"valu": 1}))
+    assert status == 400 and error_of(body)["field"] == "valu"
+
+
+async def test_approvals_list_get_and_decide_once(http: aiohttp.ClientSession) -> None:
+    clerk = path_of("clerk/eu")
+    refund = asyncio.ensure_future(http.post(f"/v1/agents/{clerk}/call/refund", json={"eur": 500}))
+    for _ in range(600):
+        status, body = await answer(await http.get("/v1/approvals", params={"identity": "clerk/*"}))
+        if body["approvals"]:
+            break
+        await asyncio.sleep(0.1)
+    (approval,) = body["approvals"]
+    assert (approval["subject"], approval["status"], approval["data"]) == ("refund", "PENDING", {"eur": 500})
+    status, body = await answer(await http.get(f"/v1/approvals/{approval['id']}"))
+    assert status == 200 and body["approvers"] == ["alice", "bob"] and body["audit"][0]["action"] == "requested"
+    decision = f"/v1/approvals/{approval['id']}/decision"
+    status, body = await answer(await http.post(decision, json={"approved": True, "by": "mallory"}))
+    assert status == 400 and error_of(body)["field"] == "by"
+    status, body = await answer(await http.post(decision, json={"approved": True, "by": "alice",
+                                                                "expect_version": approval["version"] + 1}))
+    assert status == 409 and error_of(body)["type"] == "ApprovalConflictError"
+    status, body = await answer(await http.post(decision, json={"approved": True, "by": "alice"}))
+    assert (status, body["status"], body["decided_by"]) == (200, "APPROVED", "alice")
+    status, body = await answer(await refund)
+    assert (status, body["value"]) == (200, "approved by alice")
+    status, body = await answer(await http.post(decision, json={"approved": False, "by": "bob"}))
+    assert status == 409 and "already approved by alice" in error_of(body)["message"]
+    status, body = await answer(await http.get("/v1/approvals/no-such"))
+    assert status == 404 and error_of(body)["type"] == "UnknownApprovalError"
+    status, body = await answer(await http.post(decision, json={"approved": "yes", "by": "bob"}))
+    assert status == 400
+    status, body = await answer(await http.get("/v1/approvals", params={"status": "ALL", "identity": "clerk/*"}))
+    assert [item["id"] for item in body["approvals"]] == [approval["id"]]
+
+
+async def test_timers_list_fire_now_and_cancel(http: aiohttp.ClientSession) -> None:
+    clerk = path_of("clerk/eu")
+    status, _ = await answer(await http.post(f"/v1/agents/{clerk}/call/plan", json={}))
+    assert status == 200
+    status, body = await answer(await http.get("/v1/timers", params={"identity": "clerk/eu"}))
+    (timer,) = body["timers"]
+    assert (timer["name"], timer["kind"], timer["cron"], timer["tz"], timer["payload"]) == (
+        "digest", "schedule", "0 8 * * *", "Europe/Paris", {"team": "eu"})
+    status, body = await answer(await http.get("/v1/timers", params={"identity": "clerk/eu", "due_within": "1"}))
+    assert (status, body["timers"]) == (200, [])
+    status, body = await answer(await http.post(f"/v1/timers/{clerk}/digest/fire"))
+    assert (status, body["due_now"]) == (202, True)
+    for _ in range(300):  # a host's wake sweep fires it and moves it to the next 08:00
+        status, body = await answer(await http.get("/v1/timers", params={"identity": "clerk/eu"}))
+        if body["timers"][0]["fired"] == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert body["timers"][0]["fired"] == 1
+    status, body = await answer(await http.post(f"/v1/timers/{clerk}/digest/cancel"))
+    assert (status, body["cancelled"]) == (200, True)
+    status, body = await answer(await http.post(f"/v1/timers/{clerk}/digest/fire"))
+    assert status == 400 and error_of(body)["field"] == "name"
+    status, body = await answer(await http.get("/v1/timers", params={"identity": "nobody/here"}))
+    assert status == 404
 
 
 def test_serve_refuses_to_start_without_a_token_off_loopback(gw_fleet: rf.Fleet) -> None:

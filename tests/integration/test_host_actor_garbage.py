@@ -20,6 +20,7 @@ import pytest
 import ray
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from ray_helpers import host_reply
 
 import rayfleet as rf
 
@@ -53,7 +54,7 @@ def forge(**fields: Any) -> rf.Envelope:
     envelope = object.__new__(rf.Envelope)
     base = {"target": "vault/a", "method": "get", "args": (), "kwargs": {}, "sender": None, "idempotency_key": None,
             "deadline": None, "conversation": None, "sequence": None, "message_id": "m-1", "sent_at": time.time(),
-            "chain": (), "journal": None}
+            "chain": (), "journal": None, "wake": False, "mode": None}
     for name, value in {**base, **fields}.items():
         object.__setattr__(envelope, name, value)
     return envelope
@@ -84,7 +85,7 @@ def test_a_host_actor_refuses_garbage_with_typed_errors_and_keeps_serving(make_f
     @example(payload=forge(sequence=-5, conversation="c"))
     @example(payload=forge(target="someone/else"))
     def check(payload: Any) -> None:
-        kind, answer = ray.get(actor.deliver.remote("vault/a", payload), timeout=60)
+        kind, answer = host_reply(ray.get(actor.deliver.remote("vault/a", payload), timeout=60))
         if kind == "error":
             assert isinstance(answer, rf.RayfleetError), answer
             assert answer.message.strip()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,14 @@ def test_a_peer_send_gives_up_at_the_calling_turns_deadline(fleet: rf.Fleet, tmp
     flag.write_text("go")
     assert b.call("hold", flag=str(flag), timeout=60) == "released"
     assert a.call("count", timeout=60) == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_send_to_a_peer_active_on_the_same_host_returns_the_handlers_value(make_fleet: Any) -> None:
+    # One host: once the worker is active, the planner's send takes the in-process path, not Ray.
+    fleet = make_fleet(hosts=1)
+    fleet.spawn("team/near-worker", Worker)
+    planner = fleet.spawn("team/near-planner", Planner, peers=["team/near-worker"])
+    fleet.agent("team/near-worker").call("work", size=1)  # active before the planner sends
+
+    assert planner.call("plan", size=4) == {"peers": ["team/near-worker"], "results": [40]}

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import ray
+from ray_helpers import host_reply
 
 import rayfleet as rf
 
@@ -119,14 +120,14 @@ def test_activation_arriving_while_a_lease_batch_is_in_flight_is_not_stranded(fl
         blocker.execute("ROLLBACK")
         blocker.close()
 
-    assert ray.get(first, timeout=CALL_DEADLINE) == ("ok", 1)
+    assert host_reply(ray.get(first, timeout=CALL_DEADLINE)) == ("ok", 1)
     served, _ = ray.wait([second], timeout=CALL_DEADLINE)
     if not served:
         # Diagnose: a later activation on the host flushes the stranded one.
-        assert ray.get(host.deliver.remote("burst/nudge", rf.Envelope(target="burst/nudge", method="add", kwargs={"n": 3})), timeout=CALL_DEADLINE) == ("ok", 3)
-        assert ray.get(second, timeout=CALL_DEADLINE) == ("ok", 2)
+        assert host_reply(ray.get(host.deliver.remote("burst/nudge", rf.Envelope(target="burst/nudge", method="add", kwargs={"n": 3})), timeout=CALL_DEADLINE)) == ("ok", 3)
+        assert host_reply(ray.get(second, timeout=CALL_DEADLINE)) == ("ok", 2)
     assert served, "the activation queued during an in-flight lease batch was only served after another activation"
-    assert ray.get(second) == ("ok", 2)
+    assert host_reply(ray.get(second)) == ("ok", 2)
     assert fleet.status("burst/second").state is rf.LifecycleState.ACTIVE
 
 

@@ -88,6 +88,12 @@ class Profile:
     op_patience: float = 60.0
     """How long one increment is retried (same key) before it is left with an unknown outcome."""
     seed: int = 10
+    turns: int = 8
+    """Identities running durable turns (steps and a sleep) beside the increments."""
+    turn_nap: float = 0.3
+    """Seconds each durable turn sleeps (suspended) between its two steps."""
+    tick_every: float = 0.5
+    """Period of the reminder one of them sets; its ticks are checked against the timer's count."""
     faults: tuple[str, ...] = ()
     """Only these fault kinds (empty: all of them); ``CHAOS_FAULTS=ledger_kill,zombie_host`` in the test."""
 
@@ -119,6 +125,46 @@ class ChaosCounter(rf.Agent):
     @rf.handler
     async def read(self) -> dict[str, Any]:
         return {"total": self.state.total, "applied": list(self.state.applied)}
+
+
+def record_effect(path: str, key: str) -> str:
+    """An outside effect keyed by its step key: one line appended per run of the step's function."""
+    with open(path, "a") as effects:  # one short O_APPEND write: lines from several hosts never interleave
+        effects.write(key + "\n")
+    return key
+
+
+class ChaosTurns(rf.Agent):
+    """A durable turn: a step, a durable sleep (the turn suspends), a second step; and a reminder's ticks."""
+
+    class State(rf.State):
+        completed: list[str] = pydantic.Field(default_factory=list)
+        ticks: int = 0
+
+    @rf.handler
+    async def work(self, key: str, effects: str, nap: float) -> list[str]:
+        first = await self.step("charge", lambda: record_effect(effects, self.step_key))
+        await self.sleep(nap)
+        second = await self.step("ship", lambda: record_effect(effects, self.step_key))
+        self.state.completed = [*self.state.completed, key]
+        return [first, second]
+
+    @rf.handler
+    async def start_ticking(self, every: float) -> None:
+        await self.remind("tick", every=every, method="tick")
+
+    @rf.handler
+    async def stop_ticking(self) -> bool:
+        return await self.forget("tick")
+
+    @rf.handler
+    async def tick(self) -> int:
+        self.state.ticks += 1
+        return self.state.ticks
+
+    @rf.handler
+    async def read(self) -> dict[str, Any]:
+        return {"completed": list(self.state.completed), "ticks": self.state.ticks}
 
 
 class ChaosHotel(rf.Agent):
@@ -282,6 +328,9 @@ class ChaosRun:
         self.paused_ids = [f"chaos/p/{index}" for index in range(profile.paused)]
         self.hotels = ["chaos/w/hotel-0", "chaos/w/hotel-1"]
         self.banks = ["chaos/w/bank-0", "chaos/w/bank-1"]
+        self.turn_ids = [f"chaos/t/{index}" for index in range(profile.turns)]
+        self.effects_path = str(storage.parent / "turn-effects.log")
+        self.turn_stats: dict[str, Any] = {}
         self.runs: dict[str, dict[str, Any]] = {}
         self.parked_sent: dict[str, list[str]] = defaultdict(list)
         self.parked_seen: set[str] = set()
@@ -311,6 +360,9 @@ class ChaosRun:
         specs = [rf.AgentSpec(identity=identity, agent=ChaosCounter, durability=rf.Durability.EVERY_TURN)
                  for identity in [*self.counters, *self.paused_ids]]
         self.fleet.spawn_many(specs)
+        self.fleet.spawn_many([rf.AgentSpec(identity=identity, agent=ChaosTurns) for identity in self.turn_ids])
+        if self.turn_ids:
+            self.fleet.agent(self.turn_ids[0]).call("start_ticking", every=self.profile.tick_every)
         for identity in self.hotels:
             self.fleet.spawn(identity, ChaosHotel)
         for identity in self.banks:
@@ -321,12 +373,13 @@ class ChaosRun:
         self.sampler_fleet = self.connect()
         self.saga_fleet = self.connect()
         self.parker_fleet = self.connect()
+        self.turns_fleet = self.connect()
 
     def teardown(self) -> None:
         for pid in list(self.frozen):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        for extra in ("control", "sampler_fleet", "saga_fleet", "parker_fleet"):
+        for extra in ("control", "sampler_fleet", "saga_fleet", "parker_fleet", "turns_fleet"):
             fleet = getattr(self, extra, None)
             if fleet is not None:
                 with contextlib.suppress(Exception):
@@ -370,6 +423,42 @@ class ChaosRun:
     def _workload(self) -> None:
         async def main() -> None:
             await asyncio.gather(*(self._client(index) for index in range(self.profile.clients)))
+
+        asyncio.run(main())
+
+    # -- workload: durable turns (steps, suspension) ----------------------------------------
+
+    async def _turn_client(self, index: int, identity: str) -> None:
+        process = f"turns-{index}"
+        ref = self.turns_fleet.agent(identity)
+        seq = 0
+        while not self.stop.is_set():
+            seq += 1
+            key = f"{process}-{seq}"
+            keyed = seq % 2 == 0
+            op = self.history.new_op()
+            give_up = time.monotonic() + self.profile.op_patience
+            while True:
+                self.history.record("invoke", process, op, identity, key)
+                try:
+                    value = await ref.ask("work", key=key, effects=self.effects_path, nap=self.profile.turn_nap,
+                                          idempotency_key=key if keyed else None,
+                                          timeout=self.profile.call_timeout + self.profile.turn_nap + 5)
+                except rf.HandlerError as error:
+                    self.history.record("fail", process, op, identity, key, repr(error)[:200])
+                    break
+                except Exception as error:  # outcome unknown; a keyed call retries with the same key
+                    self.history.record("info", process, op, identity, key, _describe(error))
+                    if not keyed or time.monotonic() > give_up:
+                        break
+                    await asyncio.sleep(0.1 + random.random() * 0.2)
+                    continue
+                self.history.record("ok", process, op, identity, key, value)
+                break
+
+    def _turns(self) -> None:
+        async def main() -> None:
+            await asyncio.gather(*(self._turn_client(index, identity) for index, identity in enumerate(self.turn_ids)))
 
         asyncio.run(main())
 
@@ -589,6 +678,7 @@ class ChaosRun:
                     refused.append(_describe(error))
                     continue
                 if kind == "ok":
+                    value = value[0]  # the turn's wire form: (value, usage, journaled step)
                     self.history.record("ok", "failover", op, identity, key, value)
                     served += 1
                 else:
@@ -721,7 +811,7 @@ class ChaosRun:
         self.setup()
         try:
             threads = [threading.Thread(target=target, name=name, daemon=True) for name, target in (
-                ("workload", self._workload), ("sagas", self._sagas), ("parker", self._parker),
+                ("workload", self._workload), ("turns", self._turns), ("sagas", self._sagas), ("parker", self._parker),
                 ("sampler", self._sampler), ("nemesis", self._nemesis),
             )]
             for thread in threads:
@@ -749,6 +839,7 @@ class ChaosRun:
         for identity in [*self.counters, *self.paused_ids]:
             if identity not in finals:
                 self.violations.append(f"{identity}: final State could not be read")
+        self._check_turns(fleet)
         self._check_increments(finals)
         self._check_parked(fleet, finals)
         self._check_runs(fleet)
@@ -774,6 +865,63 @@ class ChaosRun:
 
         await asyncio.gather(*(read(identity) for identity in identities))
         return finals
+
+    def _check_turns(self, fleet: rf.Fleet) -> None:
+        """Durable turns: acknowledged ones completed exactly once (keyed) or at least once, each step's key
+        stable across replays, both steps' effects present for every acknowledged turn; the reminder's ticks
+        match its fired count (one effect per scheduled time)."""
+        if not self.turn_ids:
+            return
+        never = threading.Event()
+        timers = _retry(lambda: fleet.timers(self.turn_ids[0]), never, patience=30) or []
+        fired = timers[0].fired if timers else 0
+        _retry(lambda: fleet.agent(self.turn_ids[0]).call("stop_ticking"), never, patience=30)
+        finals = asyncio.run(self._read_finals(self.turn_ids))
+        effects = Tally(Path(self.effects_path).read_text().split()) if Path(self.effects_path).exists() else Tally()
+        turns_with_effects: dict[str, set[int]] = defaultdict(set)
+        for key in effects:
+            identity, turn_id, position = key.rsplit(":", 2)
+            turns_with_effects[f"{identity}:{turn_id}"].add(int(position))
+        for turn, positions in turns_with_effects.items():
+            if not positions <= {0, 2}:
+                self.violations.append(f"turn {turn}: step keys at positions {sorted(positions)}, not 0 and 2")
+        completed: Tally[str] = Tally()
+        for identity in self.turn_ids:
+            final = finals.get(identity)
+            if final is None:
+                self.violations.append(f"{identity}: final State could not be read")
+                continue
+            completed.update(final["completed"])
+        ops: dict[int, list[Event]] = defaultdict(list)
+        for event in self.history.events:
+            if event.process.startswith("turns-"):
+                ops[event.op].append(event)
+        acknowledged = 0
+        for events in ops.values():
+            last = events[-1]
+            keyed = int(last.key.rsplit("-", 1)[1]) % 2 == 0
+            if last.type == "ok":
+                acknowledged += 1
+                if keyed and completed[last.key] != 1:
+                    self.violations.append(f"turn {last.key}: acknowledged, completed {completed[last.key]} times")
+                if not keyed and completed[last.key] < 1:
+                    self.violations.append(f"turn {last.key}: acknowledged, never completed")
+                for step_key in last.value:
+                    if effects[step_key] < 1:
+                        self.violations.append(f"turn {last.key}: acknowledged, step {step_key} has no effect")
+            if keyed and completed[last.key] > 1:
+                self.violations.append(f"turn {last.key}: keyed, completed {completed[last.key]} times")
+        ticks = finals.get(self.turn_ids[0], {}).get("ticks", 0)
+        # A settled firing had its effect first; at most the firings in flight when the count was read
+        # (the one settling, the next one) came after. More would be a scheduled time with two effects.
+        if not fired <= ticks <= fired + 2:
+            self.violations.append(f"reminder: {ticks} ticks for {fired} settled firings")
+        self.turn_stats = {"turns acknowledged": acknowledged, "turns completed": sum(completed.values()),
+                           "step effects": sum(effects.values()), "step keys": len(effects),
+                           "step effects re-run (same key)": sum(effects.values()) - len(effects),
+                           "reminder ticks": ticks, "reminder firings settled": fired}
+        with contextlib.suppress(Exception):
+            self.turn_stats["suspended turns left"] = len(fleet._ledger.turns(statuses=("SUSPENDED",)).result())
 
     def _check_increments(self, finals: dict[str, dict[str, Any]]) -> None:
         ops: dict[int, list[Event]] = defaultdict(list)
@@ -963,6 +1111,7 @@ class ChaosRun:
         }
         kinds = Tally(str(event.value).split(":")[0] for event in clients if event.type == "info")
         operations["errors seen by clients"] = ", ".join(f"{name} {count}" for name, count in kinds.most_common())
+        operations.update(self.turn_stats)
         operations.update({f"runs {name}": count for name, count in sorted(self.run_stats.items())})
         operations.update({f"parked {name}": count for name, count in sorted(self.parked_stats.items())})
         faults = Tally(fault.kind for fault in self.history.faults)

@@ -38,11 +38,12 @@ PINNED: dict[str, set[str]] = {
     "rayfleet.cli": {"main"},
     "rayfleet.gateway": {"ALLOWED_MODULES_ENV", "GatewayLimits", "TOKEN_ENV", "allowed_modules_from_env", "build_app",
                          "openapi_document", "serve"},
-    "rayfleet.demo": {"Bank", "Booking", "Counter", "Notebook", "Planner", "Researcher", "Reviewer"},
-    "rayfleet.ledger": {"Activation", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
+    "rayfleet.demo": {"Bank", "Booking", "Counter", "Notebook", "Planner", "Refunds", "Researcher", "Reviewer"},
+    "rayfleet.ledger": {"Activation", "ApprovalRequest", "ApprovalResolved", "ApprovalRow", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
                         "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "LedgerLocation", "RegisterOutcome",
                         "RunRecord", "SnapshotPointer", "SpecRecord", "StoredMessage", "TopologyChange",
-                        "TopologySnapshot"},
+                        "TopologySnapshot", "TimerFired", "TimerRow", "TimerSpec", "TurnEnd", "TurnEntry", "TurnEntryKind", "TurnEntryState", "TurnRecord",
+                        "TurnWake", "TurnWrite"},
 }
 INTERNAL_PACKAGES = ("identity", "checkpoints", "host", "llm", "platform")
 

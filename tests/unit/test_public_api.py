@@ -11,6 +11,7 @@ import pytest
 import rayfleet as rf
 
 EXPECTED_NAMES = {
+    "ApprovalInfo", "ApprovalsClient", "Decision", "TimerInfo", "TurnStatus",
     "Addressability", "Agent", "AgentRef", "AgentSpec", "BudgetExceededError", "ContinuityRecord",
     "DeadlineExceededError", "Durability", "EventKind", "Fleet", "FleetConfig", "FleetUnavailableError",
     "HandlerError", "IdentityEvent", "IdentityStatus", "InvalidArgumentsError", "InvalidSpecError",
@@ -28,6 +29,9 @@ EXPECTED_NAMES = {
     "WorkflowError", "RunOwnedElsewhereError", "StaleRunTokenError",
     "FleetMismatchError", "FleetNotFoundError", "LedgerError", "LedgerSchemaError", "LedgerUnavailableError",
     "StorageError", "StorageUnavailableError",
+    "CallOptions",
+    "TurnError", "NonDeterminismError", "StepOutcomeUnknownError", "StepValueError", "TurnInterruptedError", "AgentBusyError",
+    "WaitTimeoutError", "ApprovalConflictError", "UnknownApprovalError",
 }
 
 

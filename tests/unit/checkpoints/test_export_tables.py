@@ -8,6 +8,7 @@ from pathlib import Path
 import cloudpickle
 import duckdb
 import pytest
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._export import MARKER, export_fleet, table_name
@@ -70,12 +71,12 @@ async def fleet_files(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[L
                            inline_limit=request.param) as host:
         for index in range(4):
             for amount in range(1, index + 2):
-                await host.deliver(f"w/{index}", "deposit", kwargs={"amount": amount})
-        await host.deliver("d/0", "write", kwargs={"text": "hello"})
-        await host.deliver("d/1", "write", kwargs={"text": "bye"})
+                await deliver(host, f"w/{index}", "deposit", kwargs={"amount": amount})
+        await deliver(host, "d/0", "write", kwargs={"text": "hello"})
+        await deliver(host, "d/1", "write", kwargs={"text": "bye"})
         await host.retire("d/1")
         with pytest.raises(rf.InvalidArgumentsError):
-            await host.deliver("w/0", "deposit", kwargs={"wrong": 1})
+            await deliver(host, "w/0", "deposit", kwargs={"wrong": 1})
     assert bool(snapshots.list_files()) is (request.param == 0)
     return client, snapshots
 

@@ -25,9 +25,11 @@ from rayfleet.cli._main import cli
 from rayfleet.roster import roster_json_schema
 
 COMMANDS = {"demo", "apply", "status", "list", "send", "pause", "resume", "parked", "dead-letters", "runs",
-            "topology", "hosts", "drain", "undrain", "export", "gc", "gateway", "bench", "roster"}
+            "topology", "hosts", "drain", "undrain", "export", "gc", "gateway", "bench", "roster", "signal",
+            "approvals", "timers"}
 SUBCOMMANDS = {"dead-letters": {"list", "replay", "purge"}, "runs": {"list", "show", "cancel", "pause", "resume"},
-               "topology": {"export", "reconcile"}, "roster": {"schema"}}
+               "topology": {"export", "reconcile"}, "roster": {"schema"},
+               "approvals": {"list", "show", "approve", "reject"}, "timers": {"list", "fire-now", "cancel"}}
 # Every command that reads or changes an existing fleet, with arguments that parse.
 ATTACHING = [
     ["status"], ["status", "a/b"], ["list"], ["list", "--label", "team=a"], ["parked", "a/b"],
@@ -35,6 +37,9 @@ ATTACHING = [
     ["send", "a/b", "m"], ["pause", "a/b"], ["resume", "a/b"], ["dead-letters", "replay", "1"],
     ["dead-letters", "purge", "--all"], ["runs", "cancel", "r-1"], ["runs", "pause", "r-1"], ["runs", "resume", "r-1"],
     ["topology", "reconcile"], ["drain", "rayfleet-host-0"], ["undrain", "rayfleet-host-0"], ["gc"],
+    ["signal", "a/b", "paid"], ["approvals", "list"], ["approvals", "show", "ap-1"],
+    ["approvals", "approve", "ap-1", "--by", "alice"], ["approvals", "reject", "ap-1", "--by", "bob"],
+    ["timers", "list"], ["timers", "fire-now", "a/b", "t"], ["timers", "cancel", "a/b", "t"],
 ]
 
 

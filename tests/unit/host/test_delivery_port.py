@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.host._delivery import Delivery
@@ -89,8 +90,8 @@ def delivery(ledger: Ledger, activations: FakeActivations, wall_clock: ManualClo
 async def test_a_turn_activates_checks_the_lease_runs_and_commits_through_the_port(ledger: Ledger) -> None:
     activations = FakeActivations()
     path = delivery(ledger, activations)
-    first = await path.deliver("t/1", "add", (), {"n": 2})
-    second = await path.deliver("t/1", "add", (), {"n": 3})
+    first = await deliver(path, "t/1", "add", (), {"n": 2})
+    second = await deliver(path, "t/1", "add", (), {"n": 3})
     assert (first.value, first.checkpoint_version) == (2, 1)
     assert (second.value, second.checkpoint_version) == (5, 2)
     # Activated once: the second message finds the entry the port put in the shared map.
@@ -103,11 +104,11 @@ async def test_deadline_and_sequence_ages_follow_the_injected_wall_clock(ledger:
     wall = ManualClock(start=5_000.0)
     path = delivery(ledger, activations, wall)
     # Far in the past by the real clock, still ahead by the injected one: the turn runs.
-    assert (await path.deliver("t/1", "add", (), {"n": 1}, deadline=5_000.5, conversation="c", sequence=1)).value == 1
+    assert (await deliver(path, "t/1", "add", (), {"n": 1}, deadline=5_000.5, conversation="c", sequence=1)).value == 1
     assert activations.entries["t/1"].sequences.export() == {"c": (1, 5_000.0)}
     wall.advance(1.0)
     with pytest.raises(rf.DeadlineExceededError):
-        await path.deliver("t/1", "add", (), {"n": 1}, deadline=5_000.5)
+        await deliver(path, "t/1", "add", (), {"n": 1}, deadline=5_000.5)
     assert [letter.reason for letter in ledger.dead_letters()] == ["DEADLINE_EXCEEDED"]
     assert path.counters.turns == 1  # the late message never reached the handler
 
@@ -117,7 +118,7 @@ async def test_an_outside_caller_learns_only_not_addressable_about_a_refused_int
     activations = FakeActivations(refuse=refused, internal_only=True)
     path = delivery(ledger, activations)
     with pytest.raises(rf.NotAddressableError):
-        await path.deliver("t/inner", "add", (), {"n": 1})
+        await deliver(path, "t/inner", "add", (), {"n": 1})
     with pytest.raises(rf.InvalidStateError, match="RETIRING"):
-        await path.deliver("t/inner", "add", (), {"n": 1}, sender="t/peer")
+        await deliver(path, "t/inner", "add", (), {"n": 1}, sender="t/peer")
     assert ledger.dead_letters() == []

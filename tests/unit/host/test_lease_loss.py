@@ -13,6 +13,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
@@ -86,8 +87,8 @@ async def _until(condition: object, what: str) -> None:
 async def test_a_lost_lease_stops_the_running_handler_and_discards_its_state(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "w/1")
     async with runtime(ledger, tmp_path, "host-a") as host:
-        await host.deliver("w/1", "add", (), {"n": 1})
-        turn = asyncio.ensure_future(host.deliver("w/1", "add_after", (), {"n": 100, "gate": "forever"}))
+        await deliver(host, "w/1", "add", (), {"n": 1})
+        turn = asyncio.ensure_future(deliver(host, "w/1", "add_after", (), {"n": 100, "gate": "forever"}))
         await _until(lambda: host.statistics().turns == 2, "the second turn runs")
         ledger.revoke_holder(host.holder)  # another owner took over
         await host.renew_once()
@@ -96,15 +97,15 @@ async def test_a_lost_lease_stops_the_running_handler_and_discards_its_state(led
         assert host.active_identities() == []
     async with runtime(ledger, tmp_path, "host-b") as heir:
         # The heir sees the committed State only: the stopped turn's +100 never happened.
-        assert (await heir.deliver("w/1", "add", (), {"n": 0})).value == 1
+        assert (await deliver(heir, "w/1", "add", (), {"n": 0})).value == 1
 
 
 async def test_a_lease_expired_by_the_hosts_own_clock_stops_serving(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "w/1")
     clock = ManualClock()
     async with runtime(ledger, tmp_path, "host-a", clock=clock, lease_ttl=10.0) as host:
-        await host.deliver("w/1", "add", (), {"n": 1})
-        turn = asyncio.ensure_future(host.deliver("w/1", "add_after", (), {"n": 100, "gate": "forever"}))
+        await deliver(host, "w/1", "add", (), {"n": 1})
+        turn = asyncio.ensure_future(deliver(host, "w/1", "add_after", (), {"n": 100, "gate": "forever"}))
         await _until(lambda: host.statistics().turns == 2, "the second turn runs")
         clock.advance(10.0)  # no renewal reached the ledger for a whole TTL (frozen, or the ledger out of reach)
         with pytest.raises(rf.LeaseLostError):
@@ -117,7 +118,7 @@ async def test_a_thread_handler_that_outlives_its_lease_does_not_reply(ledger: L
     register(ledger, "w/1")
     RELEASE.clear()
     async with runtime(ledger, tmp_path, "host-a") as host:
-        turn = asyncio.ensure_future(host.deliver("w/1", "blocking_add", (), {"n": 5}))
+        turn = asyncio.ensure_future(deliver(host, "w/1", "blocking_add", (), {"n": 5}))
         await _until(lambda: host.statistics().turns == 1, "the turn runs")
         ledger.revoke_holder(host.holder)
         await host.renew_once()
@@ -125,7 +126,7 @@ async def test_a_thread_handler_that_outlives_its_lease_does_not_reply(ledger: L
             await asyncio.wait_for(turn, 30)
         RELEASE.set()  # the thread finishes later; its result goes nowhere
     async with runtime(ledger, tmp_path, "host-b") as heir:
-        assert (await heir.deliver("w/1", "add", (), {"n": 0})).value == 0
+        assert (await deliver(heir, "w/1", "add", (), {"n": 0})).value == 0
 
 
 async def test_a_lease_lost_between_retries_ends_the_turn_without_another_attempt(
@@ -133,7 +134,7 @@ async def test_a_lease_lost_between_retries_ends_the_turn_without_another_attemp
 ) -> None:
     register(ledger, "w/1")
     async with runtime(ledger, tmp_path, "host-a") as host:
-        turn = asyncio.ensure_future(host.deliver("w/1", "flaky", (), {}))
+        turn = asyncio.ensure_future(deliver(host, "w/1", "flaky", (), {}))
         # The first attempt failed and the turn sleeps before the next one: lose the lease now.
         await _until(lambda: host.statistics().handler_errors == 1, "the first attempt fails")
         ledger.revoke_holder(host.holder)
@@ -149,10 +150,10 @@ async def test_a_drain_past_its_deadline_releases_busy_agents_and_checkpoints_th
     for identity in ("w/idle-1", "w/idle-2", "w/busy"):
         register(ledger, identity)
     async with runtime(ledger, tmp_path, "host-a") as host:
-        await host.deliver("w/idle-1", "add", (), {"n": 1})
-        await host.deliver("w/idle-2", "add", (), {"n": 2})
-        await host.deliver("w/busy", "add", (), {"n": 3})
-        stuck = asyncio.ensure_future(host.deliver("w/busy", "add_after", (), {"n": 100, "gate": "forever"}))
+        await deliver(host, "w/idle-1", "add", (), {"n": 1})
+        await deliver(host, "w/idle-2", "add", (), {"n": 2})
+        await deliver(host, "w/busy", "add", (), {"n": 3})
+        stuck = asyncio.ensure_future(deliver(host, "w/busy", "add_after", (), {"n": 100, "gate": "forever"}))
         await _until(lambda: host.statistics().turns == 4, "the long turn runs")
 
         report = await host.drain(0.2)
@@ -165,16 +166,16 @@ async def test_a_drain_past_its_deadline_releases_busy_agents_and_checkpoints_th
         # Released, not left to lapse: every lease is free now, not after a TTL.
         assert ledger.leases(["w/idle-1", "w/idle-2", "w/busy"]) == {"w/idle-1": None, "w/idle-2": None, "w/busy": None}
     async with runtime(ledger, tmp_path, "host-b") as heir:
-        assert (await heir.deliver("w/busy", "add", (), {"n": 0})).value == 3  # the stopped turn left no trace
-        assert (await heir.deliver("w/idle-2", "add", (), {"n": 0})).value == 2
+        assert (await deliver(heir, "w/busy", "add", (), {"n": 0})).value == 3  # the stopped turn left no trace
+        assert (await deliver(heir, "w/idle-2", "add", (), {"n": 0})).value == 2
 
 
 async def test_a_drain_within_its_deadline_checkpoints_everything(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "w/1")
     async with runtime(ledger, tmp_path, "host-a") as host:
-        await host.deliver("w/1", "add", (), {"n": 1})
+        await deliver(host, "w/1", "add", (), {"n": 1})
         report = await host.drain(30)
         assert report == rf.DrainReport(host="host-a", checkpointed=1, released_unsaved=0, timed_out=False,
                                         seconds=report.seconds)
         with pytest.raises(HostDraining):  # new work goes to another host
-            await host.deliver("w/1", "add", (), {"n": 1})
+            await deliver(host, "w/1", "add", (), {"n": 1})

@@ -102,6 +102,8 @@ def test_dedup_key_is_scoped_by_sender() -> None:
         ({"journal": ("run", "", 1)}, "journal must be"),
         ({"journal": ("run", "step", True)}, "journal must be"),
         ({"journal": ["run", "step", 1]}, "journal must be"),
+        ({"wake": "yes"}, "wake must be True or False"),
+        ({"mode": "shout"}, "mode must be one of queue, steer, interrupt, reject"),
     ],
 )
 def test_malformed_envelopes_are_refused_with_the_reason(fields: dict[str, object], problem: str) -> None:
@@ -122,7 +124,8 @@ def test_an_envelope_missing_a_field_is_refused_by_check() -> None:
 
 def test_an_envelope_crosses_a_ray_call_as_its_wire_form_and_comes_back_equal() -> None:
     sent = rf.Envelope(target="a", method="add", args=((1, 2),), kwargs={"pair": (3, [4])}, sender="b",
-                    idempotency_key="k", deadline=5.0, conversation="c", sequence=2, chain=("b",))
+                    idempotency_key="k", deadline=5.0, conversation="c", sequence=2, chain=("b",), wake=True,
+                    mode="steer")
     wire = sent.wire()
     assert type(wire) is tuple and all(type(part) is not rf.Envelope for part in wire)
     assert rf.Envelope.from_wire(wire) == sent

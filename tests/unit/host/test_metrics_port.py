@@ -7,6 +7,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
@@ -48,6 +49,7 @@ class RecordingMetrics:
         self.stale: Tally[str] = Tally()
         self.checkpoints: Tally[str] = Tally()
         self.batches: list[int] = []
+        self.turn_events: Tally[tuple[str, str]] = Tally()
 
     def message(self, agent_class: str, outcome: MessageOutcome, seconds: float) -> None:
         self.messages[agent_class, outcome] += 1
@@ -73,6 +75,9 @@ class RecordingMetrics:
 
     def stale_refusal(self, reason: str) -> None:
         self.stale[reason] += 1
+
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        self.turn_events[agent_class, event] += count
 
     def checkpoint(self, agent_class: str) -> None:
         self.checkpoints[agent_class] += 1
@@ -108,15 +113,15 @@ async def test_messages_checkpoints_dead_letters_and_active_agents_are_reported(
     metrics = RecordingMetrics()
     async with host(ledger, tmp_path, metrics) as runtime:
         for n in (1, 2, 3):
-            await runtime.deliver("p/1", "add", kwargs={"n": n})
-        await runtime.deliver("p/2", "add", kwargs={"n": 5}, sender="s", idempotency_key="k")
-        assert (await runtime.deliver("p/2", "add", kwargs={"n": 5}, sender="s", idempotency_key="k")).duplicate
+            await deliver(runtime, "p/1", "add", kwargs={"n": n})
+        await deliver(runtime, "p/2", "add", kwargs={"n": 5}, sender="s", idempotency_key="k")
+        assert (await deliver(runtime, "p/2", "add", kwargs={"n": 5}, sender="s", idempotency_key="k")).duplicate
         with pytest.raises(rf.HandlerError):
-            await runtime.deliver("p/2", "boom")
+            await deliver(runtime, "p/2", "boom")
         with pytest.raises(rf.UnknownHandlerError):
-            await runtime.deliver("p/2", "nope")
+            await deliver(runtime, "p/2", "nope")
         with pytest.raises(rf.DeadlineExceededError):
-            await runtime.deliver("p/2", "add", kwargs={"n": 1}, deadline=1.0)
+            await deliver(runtime, "p/2", "add", kwargs={"n": 1}, deadline=1.0)
         assert metrics.active[PROBE] == 2
         assert await runtime.renew_once() == 2
     assert metrics.messages == {
@@ -135,12 +140,12 @@ async def test_a_zombie_commit_is_reported_as_a_stale_refusal_and_a_lost_lease(l
     register(ledger, "p/z")
     old_metrics, new_metrics = RecordingMetrics(), RecordingMetrics()
     async with host(ledger, tmp_path, old_metrics, "old") as old:
-        await old.deliver("p/z", "add", kwargs={"n": 1})
+        await deliver(old, "p/z", "add", kwargs={"n": 1})
         ledger.revoke_holder(old.holder)
         async with host(ledger, tmp_path, new_metrics, "new") as new:
-            await new.deliver("p/z", "add", kwargs={"n": 1})
+            await deliver(new, "p/z", "add", kwargs={"n": 1})
             with pytest.raises(rf.LeaseLostError):
-                await old.deliver("p/z", "add", kwargs={"n": 1})
+                await deliver(old, "p/z", "add", kwargs={"n": 1})
     assert old_metrics.stale == {"StaleFencingTokenError": 1}
     assert old_metrics.lost == 1
     assert old_metrics.messages[PROBE, MessageOutcome.LEASE_LOST] == 1
@@ -153,11 +158,11 @@ async def test_paused_messages_are_reported_as_parked(ledger: Ledger, tmp_path: 
     register(ledger, "p/p")
     metrics = RecordingMetrics()
     async with host(ledger, tmp_path, metrics) as runtime:
-        await runtime.pause("p/p")
-        waiting = asyncio.ensure_future(runtime.deliver("p/p", "add", kwargs={"n": 2}))
+        await runtime.delivery.pause("p/p")
+        waiting = asyncio.ensure_future(deliver(runtime, "p/p", "add", kwargs={"n": 2}))
         while not metrics.parked_by:
             await asyncio.sleep(0.01)
-        assert await runtime.resume("p/p") == 1
+        assert await runtime.delivery.resume("p/p") == 1
         assert (await waiting).value == 2
     assert metrics.parked_by == {PROBE: 1}
     assert metrics.messages[PROBE, MessageOutcome.OK] == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
@@ -73,12 +74,12 @@ def runtime(ledger: Ledger, tmp_path: Path, name: str = "host-a", **options: obj
 async def test_turns_commit_and_state_survives_a_new_host(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
-        assert (await host.deliver("c/1", "add", (), {"n": 2})).value == 2
-        result = await host.deliver("c/1", "add", (), {"n": 3})
+        assert (await deliver(host, "c/1", "add", (), {"n": 2})).value == 2
+        result = await deliver(host, "c/1", "add", (), {"n": 3})
         assert result.value == 5 and result.checkpoint_version == 2
     # The first host shut down (checkpointed, released); a second one resumes the State.
     async with runtime(ledger, tmp_path, "host-b") as other:
-        assert (await other.deliver("c/1", "add", (), {"n": 1})).value == 6
+        assert (await deliver(other, "c/1", "add", (), {"n": 1})).value == 6
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.continuity is not None and view.continuity.checkpoint_version == 3
 
@@ -88,12 +89,12 @@ async def test_one_turn_at_a_time_per_identity_concurrent_across(ledger: Ledger,
     register(ledger, "c/2")
     async with runtime(ledger, tmp_path) as host:
         # Read-modify-write across an await: interleaved turns would lose updates.
-        results = await asyncio.gather(*(host.deliver("c/1", "slow_add", (), {"n": 1, "pause": 0.01}) for _ in range(10)))
+        results = await asyncio.gather(*(deliver(host, "c/1", "slow_add", (), {"n": 1, "pause": 0.01}) for _ in range(10)))
         assert sorted(r.value for r in results) == list(range(1, 11))
         # Different identities overlap: both slow turns finish within one pause of each other.
         both = await asyncio.gather(
-            host.deliver("c/1", "slow_add", (), {"n": 1, "pause": 0.05}),
-            host.deliver("c/2", "slow_add", (), {"n": 1, "pause": 0.05}),
+            deliver(host, "c/1", "slow_add", (), {"n": 1, "pause": 0.05}),
+            deliver(host, "c/2", "slow_add", (), {"n": 1, "pause": 0.05}),
         )
         assert [r.value for r in both] == [11, 1]
 
@@ -102,7 +103,7 @@ async def test_concurrent_first_messages_activate_once_in_one_batch(ledger: Ledg
     for index in range(20):
         register(ledger, f"c/{index}")
     async with runtime(ledger, tmp_path) as host:
-        await asyncio.gather(*(host.deliver(f"c/{i % 20}", "add", (), {"n": 1}) for i in range(60)))
+        await asyncio.gather(*(deliver(host, f"c/{i % 20}", "add", (), {"n": 1}) for i in range(60)))
         stats = host.statistics()
         assert stats.activations == 20
         assert stats.commit_batches < 60  # group commit shared files and ledger calls
@@ -112,37 +113,37 @@ async def test_concurrent_first_messages_activate_once_in_one_batch(ledger: Ledg
 async def test_failed_turn_leaves_state_unchanged(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 4})
+        await deliver(host, "c/1", "add", (), {"n": 4})
         with pytest.raises(rf.HandlerError) as caught:
-            await host.deliver("c/1", "boom", (), {})
+            await deliver(host, "c/1", "boom", (), {})
         assert caught.value.remote_type == "builtins.ValueError"
         assert caught.value.remote_message == "kaboom"
         assert "boom" in caught.value.remote_traceback
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 5
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).value == 5
 
 
 async def test_zombie_owner_cannot_commit_after_takeover(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path, "host-a") as zombie, runtime(ledger, tmp_path, "host-b") as heir:
-        await zombie.deliver("c/1", "add", (), {"n": 1})
+        await deliver(zombie, "c/1", "add", (), {"n": 1})
         with pytest.raises(OwnedElsewhere):
-            await heir.deliver("c/1", "add", (), {"n": 1})
+            await deliver(heir, "c/1", "add", (), {"n": 1})
         ledger.revoke_holder(zombie.holder)  # e.g. Ray reported host-a dead while it still runs
-        assert (await heir.deliver("c/1", "add", (), {"n": 10})).value == 11
+        assert (await deliver(heir, "c/1", "add", (), {"n": 10})).value == 11
         with pytest.raises(rf.LeaseLostError):
-            await zombie.deliver("c/1", "add", (), {"n": 100})
+            await deliver(zombie, "c/1", "add", (), {"n": 100})
         assert "c/1" not in zombie.active_identities()
         # The zombie's next attempt is redirected to the new owner.
         with pytest.raises(OwnedElsewhere) as redirect:
-            await zombie.deliver("c/1", "add", (), {"n": 100})
+            await deliver(zombie, "c/1", "add", (), {"n": 100})
         assert redirect.value.holder == heir.holder
-        assert (await heir.deliver("c/1", "add", (), {"n": 0})).value == 11
+        assert (await deliver(heir, "c/1", "add", (), {"n": 0})).value == 11
 
 
 async def test_lost_lease_at_renewal_drops_the_agent(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         ledger.revoke_holder(host.holder)
         assert await host.renew_once() == 0
         assert host.active_identities() == []
@@ -159,7 +160,7 @@ async def test_a_renewal_goes_to_the_ledger_in_chunks(
     for index in range(7):
         register(ledger, f"c/{index}")
     async with runtime(ledger, tmp_path) as host:
-        await asyncio.gather(*(host.deliver(f"c/{index}", "add", (), {"n": 1}) for index in range(7)))
+        await asyncio.gather(*(deliver(host, f"c/{index}", "add", (), {"n": 1}) for index in range(7)))
         sizes: list[int] = []
         renew = host._ledger.renew
 
@@ -177,49 +178,49 @@ async def test_a_renewal_goes_to_the_ledger_in_chunks(
 async def test_lifecycle_retire_respawn_reset_delete(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 7})
+        await deliver(host, "c/1", "add", (), {"n": 7})
         retire_token = await host.retire("c/1")
         with pytest.raises(rf.InvalidStateError, match="RETIRING"):
-            await host.deliver("c/1", "add", (), {"n": 1})
+            await deliver(host, "c/1", "add", (), {"n": 1})
         record = await host.respawn("c/1")
         assert record.generation == 0
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 8
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).value == 8
         assert ledger.high_water("c/1") > retire_token
         fresh = await host.reset("c/1")
         assert fresh.generation == 1 and fresh.runtime_id == "rt:c/1:1" and fresh.session_id != record.session_id
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 1
-        who = (await host.deliver("c/1", "who", (), {})).value
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).value == 1
+        who = (await deliver(host, "c/1", "who", (), {})).value
         assert who["generation"] == 1 and who["fencing_token"] == ledger.high_water("c/1")
         await host.delete("c/1")
         with pytest.raises(rf.UnknownIdentityError):
-            await host.deliver("c/1", "add", (), {"n": 1})
+            await deliver(host, "c/1", "add", (), {"n": 1})
 
 
 async def test_corrupt_snapshot_breaks_only_that_identity(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     register(ledger, "c/2")
     async with runtime(ledger, tmp_path, inline_limit=0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
     pointer = ledger.resolve(["c/1"])["c/1"].snapshot
     assert pointer is not None and not pointer.in_ledger
     (tmp_path / pointer.file).write_bytes(b"not arrow at all")
     async with runtime(ledger, tmp_path, "host-b") as host:
         with pytest.raises(rf.SnapshotError, match=pointer.file):
-            await host.deliver("c/1", "add", (), {"n": 1})
+            await deliver(host, "c/1", "add", (), {"n": 1})
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.lifecycle == "broken" and pointer.file in view.reason
         with pytest.raises(rf.InvalidStateError, match="BROKEN"):
-            await host.deliver("c/1", "add", (), {"n": 1})
-        assert (await host.deliver("c/2", "add", (), {"n": 2})).value == 2
+            await deliver(host, "c/1", "add", (), {"n": 1})
+        assert (await deliver(host, "c/2", "add", (), {"n": 2})).value == 2
         await host.reset("c/1")
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).value == 1
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).value == 1
 
 
 async def test_events_reach_subscribers(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
         subscription = host.subscribe("c/1")
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         await host.delete("c/1")
         kinds = [event.kind for event in subscription.drain()]
         assert kinds == [rf.EventKind.STATE_CHANGED, rf.EventKind.CHECKPOINT_COMPLETED, rf.EventKind.DELETED]
@@ -229,7 +230,7 @@ async def test_events_reach_subscribers(ledger: Ledger, tmp_path: Path) -> None:
 async def test_periodic_durability_commits_in_the_background(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1", durability=rf.Durability.PERIODIC, checkpoint_interval=0.05)
     async with runtime(ledger, tmp_path) as host:
-        result = await host.deliver("c/1", "add", (), {"n": 3})
+        result = await deliver(host, "c/1", "add", (), {"n": 3})
         assert result.checkpoint_version == 0  # replied before any commit
         for _ in range(100):
             view = ledger.resolve(["c/1"])["c/1"]
@@ -242,7 +243,7 @@ async def test_periodic_durability_commits_in_the_background(ledger: Ledger, tmp
 async def test_idle_agents_are_checkpointed_and_released(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1", durability=rf.Durability.ON_DEACTIVATE)
     async with runtime(ledger, tmp_path, idle_timeout=0.1) as host:
-        await host.deliver("c/1", "add", (), {"n": 3})
+        await deliver(host, "c/1", "add", (), {"n": 3})
         for _ in range(100):
             if not host.active_identities():
                 break
@@ -275,7 +276,7 @@ async def test_activations_arriving_during_a_batch_go_out_in_the_next(ledger: Le
     async with host:
         async def staggered(index: int) -> int:
             await asyncio.sleep(index * 0.002)
-            return (await host.deliver(f"c/{index}", "add", (), {"n": index})).value
+            return (await deliver(host, f"c/{index}", "add", (), {"n": index})).value
 
         values = await asyncio.wait_for(asyncio.gather(*(staggered(i) for i in range(30))), timeout=20)
         assert values == list(range(30))
@@ -306,7 +307,7 @@ async def test_many_activations_at_once_go_out_in_acquire_calls_of_bounded_size(
     client = CountingLedgerClient(ledger)
     host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
     async with host:
-        values = await asyncio.gather(*(host.deliver(f"c/{i}", "add", (), {"n": i}) for i in range(count)))
+        values = await asyncio.gather(*(deliver(host, f"c/{i}", "add", (), {"n": i}) for i in range(count)))
         assert [result.value for result in values] == list(range(count))
     assert sum(client.acquired) == count and max(client.acquired) <= ACQUIRE_BATCH, client.acquired
 
@@ -315,8 +316,8 @@ async def test_internal_only_agents_refuse_outside_callers(ledger: Ledger, tmp_p
     register(ledger, "c/inner", addressability=rf.Addressability.INTERNAL_ONLY)
     async with runtime(ledger, tmp_path) as host:
         with pytest.raises(rf.NotAddressableError, match="INTERNAL_ONLY"):
-            await host.deliver("c/inner", "add", (), {"n": 1})
-        assert (await host.deliver("c/inner", "add", (), {"n": 1}, sender="c/peer")).value == 1
+            await deliver(host, "c/inner", "add", (), {"n": 1})
+        assert (await deliver(host, "c/inner", "add", (), {"n": 1}, sender="c/peer")).value == 1
 
 
 class SlowCommitLedgerClient(LocalLedgerClient):
@@ -337,7 +338,7 @@ async def test_shutdown_leaves_no_background_task_running(ledger: Ledger, tmp_pa
     client = SlowCommitLedgerClient(ledger)
     host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
     await host.start()
-    await host.deliver("c/1", "add", (), {"n": 1})
+    await deliver(host, "c/1", "add", (), {"n": 1})
     await client.committing.wait()  # housekeeping is checkpointing in a task of its own
     await host.shutdown(checkpoint=False)
     assert asyncio.all_tasks() == {asyncio.current_task()}
@@ -361,7 +362,7 @@ async def test_an_activation_waiting_at_shutdown_is_sent_elsewhere(ledger: Ledge
     client = StuckLedgerClient(ledger)
     host = HostRuntime(name="h", ledger=client, snapshots=SnapshotStore(str(tmp_path)))
     await host.start()
-    call = asyncio.create_task(host.deliver("c/1", "add", (), {"n": 1}))
+    call = asyncio.create_task(deliver(host, "c/1", "add", (), {"n": 1}))
     await client.acquiring.wait()
     await host.shutdown()
     with pytest.raises(HostDraining):
@@ -371,12 +372,12 @@ async def test_an_activation_waiting_at_shutdown_is_sent_elsewhere(ledger: Ledge
 async def test_a_keyed_call_has_its_effect_once_across_respawn(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path) as host:
-        first = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        first = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert first.value == 5
         await host.respawn("c/1")
-        again = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        again = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert again.value == 5  # the original reply; the effect did not run twice
-        assert (await host.deliver("c/1", "add", (), {"n": 0})).value == 5
+        assert (await deliver(host, "c/1", "add", (), {"n": 0})).value == 5
 
 
 async def test_respawn_of_a_never_activated_identity_brings_it_up(ledger: Ledger, tmp_path: Path) -> None:
@@ -384,7 +385,7 @@ async def test_respawn_of_a_never_activated_identity_brings_it_up(ledger: Ledger
     async with runtime(ledger, tmp_path) as host:
         record = await host.respawn("c/never")
         assert record.generation == 0 and record.checkpoint_version == 0
-        assert (await host.deliver("c/never", "add", (), {"n": 2})).value == 2
+        assert (await deliver(host, "c/never", "add", (), {"n": 2})).value == 2
 
 
 async def test_the_spec_cache_is_bounded_however_many_identities_pass_through(
@@ -396,11 +397,11 @@ async def test_the_spec_cache_is_bounded_however_many_identities_pass_through(
     async with runtime(ledger, tmp_path) as host:
         for n in range(30):
             register(ledger, f"churn/{n}")
-            assert (await host.deliver(f"churn/{n}", "add", (), {"n": n})).value == n
+            assert (await deliver(host, f"churn/{n}", "add", (), {"n": n})).value == n
             await host.deactivate(f"churn/{n}")
         assert len(host._spec_cache) <= 8
         # An identity whose spec left the cache still activates (the ledger has the spec).
-        assert (await host.deliver("churn/0", "add", (), {"n": 1})).value == 1
+        assert (await deliver(host, "churn/0", "add", (), {"n": 1})).value == 1
 
 
 async def test_deactivating_all_commits_the_idle_in_one_group_and_waits_for_a_turn_in_flight(
@@ -411,11 +412,11 @@ async def test_deactivating_all_commits_the_idle_in_one_group_and_waits_for_a_tu
         register(ledger, name, durability=rf.Durability.ON_DEACTIVATE)
     async with runtime(ledger, tmp_path) as host:
         for index, name in enumerate(names):
-            await host.deliver(name, "add", (), {"n": index})
+            await deliver(host, name, "add", (), {"n": index})
         # c/0 was taken over behind this host's back: its checkpoint must be refused, not written.
         ledger.release(holder=host.holder, tokens={"c/0": ledger.high_water("c/0")})
         ledger.acquire(holder="usurper", identities=["c/0"], ttl=60.0)
-        busy = asyncio.create_task(host.deliver("c/1", "slow_add", (), {"n": 100, "pause": 0.2}))
+        busy = asyncio.create_task(deliver(host, "c/1", "slow_add", (), {"n": 100, "pause": 0.2}))
         await asyncio.sleep(0.05)  # c/1 is in its turn now
         batches_before = host.statistics().commit_batches
         done = await host.deactivate_all()
@@ -429,8 +430,8 @@ async def test_deactivating_all_commits_the_idle_in_one_group_and_waits_for_a_tu
     for name in names[2:]:
         assert views[name].continuity.checkpoint_version == 1 and views[name].lease is None
     async with runtime(ledger, tmp_path, "host-b") as other:
-        assert (await other.deliver("c/7", "add", (), {"n": 0})).value == 7
-        assert (await other.deliver("c/1", "add", (), {"n": 0})).value == 101
+        assert (await deliver(other, "c/7", "add", (), {"n": 0})).value == 7
+        assert (await deliver(other, "c/1", "add", (), {"n": 0})).value == 101
 
 
 async def test_a_lease_expiring_by_the_hosts_clock_is_dropped_between_scans(ledger: Ledger, tmp_path: Path) -> None:
@@ -449,7 +450,7 @@ async def test_a_lease_expiring_by_the_hosts_clock_is_dropped_between_scans(ledg
         host._scan_entries = costly_scan  # type: ignore[method-assign]
         while not scans:
             await asyncio.sleep(0.01)  # the first scan ran, before any agent was hosted
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         await asyncio.sleep(0.2)  # several ticks: no scan is due
         assert host.active_identities() == ["c/1"] and len(scans) == 1
         clock.advance(10.0)  # past the lease, before the renewal loop (asleep for TTL/3 of real time) wakes
@@ -470,7 +471,7 @@ async def test_costly_scans_take_a_bounded_share_of_the_event_loop(ledger: Ledge
 
     register(ledger, "c/1")
     async with runtime(ledger, tmp_path, clock=clock) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         scans: list[float] = []
         real_scan = host._scan_entries
 

@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 import pytest
 from agents import Counter
+from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
@@ -149,7 +150,7 @@ async def test_a_keyed_retry_after_a_failed_commit_runs_and_commits(
     snapshots = SnapshotStore(str(tmp_path))
     # Every State to a file (inline_limit=0), so that a storage error can fail the commit.
     async with HostRuntime(name="host-a", ledger=client, snapshots=snapshots, incarnation="a", inline_limit=0) as host:
-        assert (await host.deliver("c/1", "add", (), {"n": 1}, idempotency_key="k0")).value == 1
+        assert (await deliver(host, "c/1", "add", (), {"n": 1}, idempotency_key="k0")).value == 1
         error = failure()
         if isinstance(error, OSError):
             original = snapshots.write_batch
@@ -165,24 +166,24 @@ async def test_a_keyed_retry_after_a_failed_commit_runs_and_commits(
         else:
             client.fail["commit_checkpoints"].append(error)
         with pytest.raises(type(error)):
-            await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
-        retry = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+            await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        retry = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert not retry.duplicate  # the first attempt was never durable, so it never happened
         assert retry.value == 6 and retry.checkpoint_version == 2
         assert remembered(ledger, "c/1") == ["k0", "k1"]
-        assert (await host.deliver("c/1", "add", (), {"n": 0})).value == 6
+        assert (await deliver(host, "c/1", "add", (), {"n": 0})).value == 6
 
 
 async def test_an_unkeyed_turn_whose_commit_failed_leaves_no_effect(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         client.fail["commit_checkpoints"].append(outage())
         with pytest.raises(rf.LedgerUnavailableError):
-            await host.deliver("c/1", "add", (), {"n": 5})
+            await deliver(host, "c/1", "add", (), {"n": 5})
         # The reply said "failed": a later turn must not see (or make durable) its effect.
-        assert (await host.deliver("c/1", "add", (), {"n": 0})).value == 1
+        assert (await deliver(host, "c/1", "add", (), {"n": 0})).value == 1
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.continuity is not None and view.continuity.checkpoint_version == 1
         assert host.statistics().leases_lost == 0
@@ -192,11 +193,11 @@ async def test_periodic_keys_stay_pending_with_the_state_when_a_commit_fails(led
     register(ledger, "c/1", durability=rf.Durability.PERIODIC, checkpoint_interval=3600.0)
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        assert (await host.deliver("c/1", "add", (), {"n": 2}, idempotency_key="k1")).value == 2
+        assert (await deliver(host, "c/1", "add", (), {"n": 2}, idempotency_key="k1")).value == 2
         client.fail["commit_checkpoints"].append(outage())
         with pytest.raises(rf.LedgerUnavailableError):
             await host.flush()
-        assert (await host.deliver("c/1", "add", (), {"n": 2}, idempotency_key="k1")).duplicate
+        assert (await deliver(host, "c/1", "add", (), {"n": 2}, idempotency_key="k1")).duplicate
         assert await host.flush() == 1
         assert remembered(ledger, "c/1") == ["k1"]
 
@@ -208,44 +209,44 @@ async def test_a_commit_whose_reply_was_lost_but_landed_is_a_success(ledger: Led
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         client.lose_reply["commit_checkpoints"].append(ConnectionResetError("reply lost"))
-        landed = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        landed = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert (landed.value, landed.checkpoint_version, landed.duplicate) == (6, 2, False)
         # Still owned and consistent: the next commit moves on from the landed version.
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).checkpoint_version == 3
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).checkpoint_version == 3
         assert host.is_active("c/1") and host.statistics().leases_lost == 0
-        assert (await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")).duplicate
+        assert (await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")).duplicate
 
 
 async def test_a_commit_whose_outcome_cannot_be_read_is_a_retryable_unknown(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         client.lose_reply["commit_checkpoints"].append(ConnectionResetError("reply lost"))
         client.fail["resolve"].append(outage())
         with pytest.raises(rf.LedgerUnavailableError) as caught:
-            await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+            await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert caught.value.committed_unknown and is_retryable(caught.value)
         assert host.statistics().leases_lost == 0  # not mistaken for a fenced owner
         # The retry reloads what the ledger has: the write had landed, so its key answers.
-        retry = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        retry = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert (retry.value, retry.duplicate) == (6, True)
-        assert (await host.deliver("c/1", "add", (), {"n": 0})).value == 6
+        assert (await deliver(host, "c/1", "add", (), {"n": 0})).value == 6
 
 
 async def test_a_commit_whose_reply_was_lost_and_did_not_land_is_retried_once(ledger: Ledger, tmp_path: Path) -> None:
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         # The call never reached the ledger, but the host cannot tell that from a lost reply.
         client.fail["commit_checkpoints"].append(ConnectionResetError("connection reset"))
         with pytest.raises(rf.LedgerUnavailableError) as caught:
-            await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+            await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert caught.value.committed_unknown
-        retry = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        retry = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert (retry.value, retry.duplicate) == (6, False)
         assert remembered(ledger, "c/1") == ["k1"]
 
@@ -254,12 +255,12 @@ async def test_a_commit_that_reached_the_ledger_twice_is_a_success(ledger: Ledge
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         client.twice.add("commit_checkpoints")  # the second run is refused: version 2 is already there
-        result = await host.deliver("c/1", "add", (), {"n": 5}, idempotency_key="k1")
+        result = await deliver(host, "c/1", "add", (), {"n": 5}, idempotency_key="k1")
         assert (result.value, result.checkpoint_version) == (6, 2)
         assert host.is_active("c/1") and host.statistics().leases_lost == 0
-        assert (await host.deliver("c/1", "add", (), {"n": 1})).checkpoint_version == 3
+        assert (await deliver(host, "c/1", "add", (), {"n": 1})).checkpoint_version == 3
 
 
 # -- R8: a refused fenced write drops the stale owner at once --------------------------
@@ -277,15 +278,15 @@ async def test_a_refused_mailbox_write_drops_the_stale_owner(ledger: Ledger, tmp
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         if operation != "pause":
-            await host.pause("c/1")
+            await host.delivery.pause("c/1")
         supersede(ledger, host, "c/1")
         call: Awaitable[Any] = {
-            "pause": lambda: host.pause("c/1"),
-            "resume": lambda: host.resume("c/1"),
-            "cancel_parked": lambda: host.cancel_parked("c/1"),
-            "park": lambda: host.deliver("c/1", "add", (), {"n": 1}),
+            "pause": lambda: host.delivery.pause("c/1"),
+            "resume": lambda: host.delivery.resume("c/1"),
+            "cancel_parked": lambda: host.delivery.cancel_parked("c/1"),
+            "park": lambda: deliver(host, "c/1", "add", (), {"n": 1}),
         }[operation]()
         with pytest.raises(rf.LeaseLostError) as caught:
             await call
@@ -301,11 +302,11 @@ async def test_a_message_parked_while_resume_reads_is_replayed(ledger: Ledger, t
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.pause("c/1")
+        await host.delivery.pause("c/1")
         gate = client.gates["parked"] = Gate()
-        resuming = asyncio.create_task(host.resume("c/1"))
+        resuming = asyncio.create_task(host.delivery.resume("c/1"))
         await gate.reached.wait()  # resume has read "nothing parked"; the reply is on its way
-        call = asyncio.create_task(host.deliver("c/1", "add", (), {"n": 1}))
+        call = asyncio.create_task(deliver(host, "c/1", "add", (), {"n": 1}))
         await settle()
         gate.release.set()
         await resuming
@@ -318,23 +319,23 @@ async def test_a_pause_issued_during_a_resume_wins(ledger: Ledger, tmp_path: Pat
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path) as host:
-        await host.pause("c/1")
-        parked = asyncio.create_task(host.deliver("c/1", "add", (), {"n": 1}))
+        await host.delivery.pause("c/1")
+        parked = asyncio.create_task(deliver(host, "c/1", "add", (), {"n": 1}))
         await settle()
         assert len(ledger.parked("c/1")) == 1
         gate = client.gates["commit_checkpoints"] = Gate()
-        resuming = asyncio.create_task(host.resume("c/1"))
+        resuming = asyncio.create_task(host.delivery.resume("c/1"))
         await gate.reached.wait()  # the replayed message is committing
-        pausing = asyncio.create_task(host.pause("c/1"))
+        pausing = asyncio.create_task(host.delivery.pause("c/1"))
         await settle()
         gate.release.set()
         await asyncio.gather(resuming, pausing)
         assert (await parked).value == 1
         assert ledger.is_paused("c/1")
-        later = asyncio.create_task(host.deliver("c/1", "add", (), {"n": 1}))
+        later = asyncio.create_task(deliver(host, "c/1", "add", (), {"n": 1}))
         await settle()
         assert not later.done() and len(ledger.parked("c/1")) == 1  # paused: the new message parks
-        await host.resume("c/1")
+        await host.delivery.resume("c/1")
         assert (await later).value == 2
 
 
@@ -346,10 +347,10 @@ async def test_a_turn_renewal_dates_the_lease_from_when_it_was_sent(ledger: Ledg
     clock = ManualClock()
     client = FaultyLedgerClient(ledger, during={"renew": lambda: clock.advance(0.5)})  # the round trip takes 0.5 s
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         clock.advance(9.0)  # little lease left: the next turn renews first
         sent_at = clock.now
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         assert client.calls["renew"] == 1
         assert host._entries["c/1"].installed_at == sent_at
 
@@ -377,7 +378,7 @@ async def test_the_next_renewal_is_due_a_third_of_the_ttl_after_the_oldest_lease
     slow = {"renew": lambda: clock.advance(2.0), "renew_holder": lambda: clock.advance(2.0)}  # 2 s renewals
     client = FaultyLedgerClient(ledger, during=slow)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=9.0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         assert host._renewal_delay() == pytest.approx(3.0)
         clock.advance(3.0)
         await host._renewal_attempt()  # lease by lease, then the holder row is armed as the pass ends
@@ -395,7 +396,7 @@ async def test_once_its_holder_row_is_armed_a_host_renews_every_lease_with_one_w
         register(ledger, f"c/{index}")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
-        await asyncio.gather(*(host.deliver(f"c/{index}", "add", (), {"n": 1}) for index in range(3)))
+        await asyncio.gather(*(deliver(host, f"c/{index}", "add", (), {"n": 1}) for index in range(3)))
         assert await host.renew_once() == 3  # lease by lease, then the row is armed
         assert (client.calls["renew"], client.calls["arm_holder"]) == (1, 1)
         for _ in range(4):  # four TTL/3 periods: every lease's own date is long past
@@ -404,7 +405,7 @@ async def test_once_its_holder_row_is_armed_a_host_renews_every_lease_with_one_w
         assert (client.calls["renew"], client.calls["renew_holder"]) == (1, 4)
         rival = ledger.acquire(holder="rival", identities=["c/0", "c/1", "c/2"], ttl=10.0)
         assert all(isinstance(outcome, LeaseDenied) for outcome in rival.values())
-        assert (await host.deliver("c/0", "add", (), {"n": 1})).value == 2  # no turn needed a renewal of its own
+        assert (await deliver(host, "c/0", "add", (), {"n": 1})).value == 2  # no turn needed a renewal of its own
         assert client.calls["renew"] == 1
 
 
@@ -415,8 +416,8 @@ async def test_a_host_whose_holder_row_lapsed_drops_what_was_taken_and_keeps_the
     register(ledger, "c/2")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
-        await host.deliver("c/2", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
+        await deliver(host, "c/2", "add", (), {"n": 1})
         await host.renew_once()
         clock.advance(11.0)  # frozen for longer than a TTL: the row lapsed, and a rival took c/1
         assert isinstance(ledger.acquire(holder="rival", identities=["c/1"], ttl=10.0)["c/1"], Activation)
@@ -436,7 +437,7 @@ async def test_a_release_that_failed_is_retried_with_the_next_renewal(tmp_path: 
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         await host.renew_once()
         client.fail["release"].append(outage())
         await host.deactivate("c/1")
@@ -454,7 +455,7 @@ async def test_a_lease_survives_two_failed_renewals(tmp_path: Path, renewal: str
     register(ledger, "c/1")
     client = FaultyLedgerClient(ledger)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=10.0) as host:
-        await host.deliver("c/1", "add", (), {"n": 1})
+        await deliver(host, "c/1", "add", (), {"n": 1})
         if renewal == "renew_holder":
             assert await host.renew_once() == 1
         expires_at = clock.now + 10.0

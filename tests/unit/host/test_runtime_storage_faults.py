@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from delivery import deliver
 from mount_support import Tmpfs, tmpfs
 
 import rayfleet as rf
@@ -54,7 +55,7 @@ def host(ledger: Ledger, root: Path, name: str, *, inline_limit: int = 0) -> Hos
 
 
 async def value(runtime: HostRuntime, identity: str, method: str, **kwargs: object) -> object:
-    return (await runtime.deliver(identity, method, (), kwargs)).value
+    return (await deliver(runtime, identity, method, (), kwargs)).value
 
 
 def break_storage(disk: Tmpfs, fault: str) -> None:
@@ -80,7 +81,7 @@ async def test_a_storage_outage_refuses_changes_retryably_loses_nothing_acknowle
 
             for attempt in range(2):  # refused every time while the fault lasts, never half-applied
                 with pytest.raises(rf.StorageUnavailableError) as caught:
-                    await runtime.deliver("t/a", "add", (), {"n": 100}, idempotency_key="k-100")
+                    await deliver(runtime, "t/a", "add", (), {"n": 100}, idempotency_key="k-100")
                 assert is_retryable(caught.value), attempt
                 assert str(disk.path) in caught.value.message
             # A read needs no checkpoint: it is served, and shows no trace of the refused call.
@@ -91,9 +92,9 @@ async def test_a_storage_outage_refuses_changes_retryably_loses_nothing_acknowle
 
             repair_storage(disk, fault)
             # The retry of the refused call runs once, now, on the last committed State.
-            retried = await runtime.deliver("t/a", "add", (), {"n": 100}, idempotency_key="k-100")
+            retried = await deliver(runtime, "t/a", "add", (), {"n": 100}, idempotency_key="k-100")
             assert retried.value == 101 and not retried.duplicate
-            again = await runtime.deliver("t/a", "add", (), {"n": 100}, idempotency_key="k-100")
+            again = await deliver(runtime, "t/a", "add", (), {"n": 100}, idempotency_key="k-100")
             assert again.value == 101 and again.duplicate
             assert await value(runtime, "t/b", "add", n=5) == 15
 
@@ -101,7 +102,7 @@ async def test_a_storage_outage_refuses_changes_retryably_loses_nothing_acknowle
         async with host(ledger, disk.path, "host-b") as successor:
             assert await value(successor, "t/a", "get") == {"total": 101, "seen": [1, 100]}
             assert await value(successor, "t/b", "get") == {"total": 15, "seen": [10, 5]}
-            assert (await successor.deliver("t/a", "add", (), {"n": 100}, idempotency_key="k-100")).duplicate
+            assert (await deliver(successor, "t/a", "add", (), {"n": 100}, idempotency_key="k-100")).duplicate
 
 
 @pytest.mark.parametrize("fault", ["read-only", "full"])
@@ -157,7 +158,7 @@ async def test_a_failed_background_checkpoint_keeps_what_was_acknowledged_for_th
     ))
     with tmpfs(tmp_path / "storage", size=1024 * 1024) as disk:
         async with host(ledger, disk.path, "host-a") as runtime:
-            acknowledged = await runtime.deliver("t/p", "add", (), {"n": 4}, idempotency_key="k-4")
+            acknowledged = await deliver(runtime, "t/p", "add", (), {"n": 4}, idempotency_key="k-4")
             assert acknowledged.value == 4
             disk.read_only()
             with pytest.raises(rf.StorageUnavailableError):
@@ -166,5 +167,5 @@ async def test_a_failed_background_checkpoint_keeps_what_was_acknowledged_for_th
             assert await runtime.flush() == 1
         async with host(ledger, disk.path, "host-b") as successor:
             assert await value(successor, "t/p", "get") == {"total": 4, "seen": [4]}
-            again = await successor.deliver("t/p", "add", (), {"n": 4}, idempotency_key="k-4")
+            again = await deliver(successor, "t/p", "add", (), {"n": 4}, idempotency_key="k-4")
             assert again.duplicate and again.value == 4  # the key survived the refused commit

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import cloudpickle
 import pg_support
 import pytest
+from delivery import deliver
 from tcp_proxy import TcpProxy
 
 import rayfleet as rf
@@ -60,7 +61,7 @@ def register(ledger: Ledger, identity: str) -> None:
 
 
 async def add(runtime: HostRuntime, identity: str, n: int) -> int:
-    return int((await runtime.deliver(identity, "add", (), {"n": n})).value)
+    return int((await deliver(runtime, identity, "add", (), {"n": n})).value)
 
 
 class Locker:

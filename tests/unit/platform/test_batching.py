@@ -98,7 +98,7 @@ class _Sent:
         self.batches: list[list[str]] = []
         self.serve_batch = self
 
-    def remote(self, envelopes: list[tuple[object, ...]], with_usage: bool) -> _Sent:
+    def remote(self, envelopes: list[tuple[object, ...]]) -> _Sent:
         self.batches.append([str(wire[0]) for wire in envelopes])
         self._answer = [(index, (OK, index), None) for index in range(len(envelopes))]
         return self

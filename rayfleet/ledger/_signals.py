@@ -1,0 +1,99 @@
+"""Durable signals (table ``signals``) and the turns that wait for them.
+
+* A signal is recorded once per ``(identity, name, signal id)``: a sender that retries
+  with the same id records nothing new.
+* A signal is kept until a turn takes it, oldest first: one sent before anyone waits
+  is there for the first turn that waits for its name.
+* Taking a signal and journaling it as the waiting entry's outcome is one transaction,
+  so a signal is taken by exactly one wait and never lost between a host's check and
+  its suspension: a turn that finds no signal suspends in the same transaction (fenced
+  by the identity's token), and a signal recorded after that finds the turn suspended,
+  completes its waiting entry with the value and makes it due (not fenced: the entry
+  belongs to no host while the turn is suspended).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import _turns
+from ._store import Transaction
+from ._turn_rows import TurnEntryState, TurnWake, TurnWrite
+
+WAITING_PREFIX = "signal:"
+"""A turn waiting for signal ``name`` records ``waiting_for = "signal:<name>"``."""
+
+
+def waiting_for(name: str) -> str:
+    return WAITING_PREFIX + name
+
+
+def send(
+    tx: Transaction, *, identity: str, name: str, signal_id: str, value: bytes, now: float,
+) -> list[TurnWake]:
+    """Record the signal (once per id) and hand it to the turn waiting for it, if one does; returns that turn.
+
+    The waiting turn's entry is completed with the signal's value in this transaction
+    (the signal taken by it), so its replay returns the value without another write; a
+    signal nobody waits for is kept.
+    """
+    fresh = tx.execute(
+        "INSERT INTO signals (identity, name, signal_id, value, sent_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (identity, name, signal_id) DO NOTHING",
+        (identity, name, signal_id, value, now),
+    ).rowcount
+    woken: list[TurnWake] = []
+    for turn_id in _turns.waiting_for(tx, identity=identity, waiting_for=waiting_for(name)):
+        if fresh and not woken:
+            waiting = tx.execute(
+                "SELECT position FROM turn_steps WHERE identity = ? AND turn_id = ? AND kind = 'signal' AND name = ? "
+                "AND state = 'waiting' ORDER BY position LIMIT 1", (identity, turn_id, name)).fetchone()
+            if waiting is not None:
+                tx.execute("UPDATE turn_steps SET state = 'completed', value = ? WHERE identity = ? AND turn_id = ? "
+                           "AND position = ?", (value, identity, turn_id, waiting[0]))
+                tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
+                           (f"{turn_id}:{waiting[0]}", identity, name, signal_id))
+        if _turns.wake(tx, identity=identity, turn_id=turn_id, now=now):
+            (envelope,) = tx.execute("SELECT envelope FROM turns WHERE identity = ? AND turn_id = ?",
+                                     (identity, turn_id)).fetchall()
+            woken.append(TurnWake(identity=identity, turn_id=turn_id, envelope=bytes(envelope[0]),
+                                  waiting_for=waiting_for(name), wake_at=now))
+    return woken
+
+
+def wait(
+    tx: Transaction, *, identity: str, fencing_token: int, name: str, turn: TurnWrite, now: float,
+) -> bytes | None:
+    """Take the oldest pending signal ``name`` as the outcome of ``turn``'s entry, or write ``turn`` (the suspension).
+
+    ``turn`` carries exactly one entry, the wait. With a signal pending, the entry is
+    written completed with the signal's value and the turn stays running; the value is
+    returned. Without, ``turn`` is written as given and ``None`` returned.
+    """
+    _turns.check_fence(tx, identity, fencing_token)
+    (entry,) = turn.entries
+    row = tx.execute(
+        "SELECT signal_id, value FROM signals WHERE identity = ? AND name = ? AND taken_by IS NULL "
+        "ORDER BY sent_at, signal_id LIMIT 1", (identity, name)).fetchone()
+    if row is None:
+        _turns.write_checked(tx, identity=identity, turn=turn, now=now)
+        return None
+    signal_id, value = row[0], bytes(row[1])
+    tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
+               (f"{turn.turn_id}:{entry.position}", identity, name, signal_id))
+    taken = dataclasses.replace(entry, state=TurnEntryState.COMPLETED, value=value)
+    _turns.write_checked(tx, identity=identity, now=now, turn=dataclasses.replace(
+        turn, status="RUNNING", waiting_for="", wake_at=None, entries=(taken,)))
+    return value
+
+
+def pending(tx: Transaction, *, identity: str) -> list[tuple[str, str, float]]:
+    """The signals of ``identity`` no turn has taken yet: ``(name, signal id, sent at)``, oldest first."""
+    return [(row[0], row[1], float(row[2])) for row in tx.execute(
+        "SELECT name, signal_id, sent_at FROM signals WHERE identity = ? AND taken_by IS NULL "
+        "ORDER BY sent_at, signal_id", (identity,))]
+
+
+def drop(tx: Transaction, identity: str) -> None:
+    """Forget every signal of a deleted identity."""
+    tx.execute("DELETE FROM signals WHERE identity = ?", (identity,))

@@ -1,0 +1,110 @@
+"""Reminders and schedules (table ``timers``): registered by agents, fired by whichever host claims them.
+
+* An agent's registration and removal present its fencing token (a zombie cannot set
+  timers). An operator's removal or "fire now" does not.
+* Due timers are claimed through the index on ``next_due``, a bounded batch at a time,
+  and held for a while (no lock: an unsettled claim lapses and another host fires the
+  same scheduled time again, which the firing's idempotency key makes one effect).
+* A firing is settled by the host that made it: the scheduled time it was for moves the
+  timer to its next one (or removes a one-off), counting missed and late firings. A
+  settlement for a scheduled time the timer has moved past (a re-registration, a
+  duplicate) changes nothing.
+"""
+
+from __future__ import annotations
+
+from . import _turns
+from ._store import Row, Transaction
+from ._turn_rows import TimerFired, TimerRow, TimerSpec
+
+_COLUMNS = ("identity, name, method, payload, next_due, every, cron, tz, overlap, catch_up, created, last_fired, "
+            "fired, missed, late, last_lateness")
+
+
+def set_timer(tx: Transaction, *, identity: str, fencing_token: int, timer: TimerSpec, now: float) -> None:
+    """Register ``timer`` (fenced), replacing one of the same name; its counters start again."""
+    _turns.check_fence(tx, identity, fencing_token)
+    tx.execute(
+        "INSERT INTO timers (identity, name, method, payload, next_due, every, cron, tz, overlap, catch_up, created) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (identity, name) DO UPDATE SET "
+        "method = excluded.method, payload = excluded.payload, next_due = excluded.next_due, every = excluded.every, "
+        "cron = excluded.cron, tz = excluded.tz, overlap = excluded.overlap, catch_up = excluded.catch_up, "
+        "created = excluded.created, claimed_until = NULL, last_fired = NULL, fired = 0, missed = 0, late = 0, "
+        "last_lateness = NULL",
+        (identity, timer.name, timer.method, timer.payload, timer.next_due, timer.every, timer.cron, timer.tz,
+         timer.overlap, timer.catch_up, now),
+    )
+
+
+def forget(tx: Transaction, *, identity: str, name: str, fencing_token: int | None) -> bool:
+    """Remove a timer (fenced when a token is given); whether there was one."""
+    if fencing_token is not None:
+        _turns.check_fence(tx, identity, fencing_token)
+    return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ?", (identity, name)).rowcount)
+
+
+def claim(tx: Transaction, *, now: float, limit: int, claim_for: float) -> list[TimerRow]:
+    """Timers due now that nobody holds (or whose claim lapsed), oldest due first, held for ``claim_for``."""
+    rows = tx.execute(
+        f"SELECT {_COLUMNS} FROM timers WHERE next_due <= ? AND (claimed_until IS NULL OR claimed_until <= ?) "
+        "ORDER BY next_due LIMIT ?", (now, now, limit)).fetchall()
+    if rows:
+        tx.executemany("UPDATE timers SET claimed_until = ? WHERE identity = ? AND name = ?",
+                       [(now + claim_for, row[0], row[1]) for row in rows])
+    return [_row(row) for row in rows]
+
+
+def settle(tx: Transaction, *, fired: TimerFired, now: float) -> bool:
+    """Move a fired timer to its next time (or remove a one-off); whether the timer was still at that time."""
+    if fired.next_due is None:
+        return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ? AND next_due = ?",
+                               (fired.identity, fired.name, fired.scheduled)).rowcount)
+    return bool(tx.execute(
+        "UPDATE timers SET next_due = ?, claimed_until = NULL, last_fired = ?, fired = fired + 1, "
+        "missed = missed + ?, late = late + ?, last_lateness = ? WHERE identity = ? AND name = ? AND next_due = ?",
+        (fired.next_due, now, fired.missed, int(fired.late), fired.lateness, fired.identity, fired.name,
+         fired.scheduled)).rowcount)
+
+
+def release(tx: Transaction, *, identity: str, name: str, scheduled: float, next_due: float) -> bool:
+    """Let a timer whose firing is allowed to overlap be claimed for its next time while this one runs."""
+    return bool(tx.execute(
+        "UPDATE timers SET next_due = ?, claimed_until = NULL WHERE identity = ? AND name = ? AND next_due = ?",
+        (next_due, identity, name, scheduled)).rowcount)
+
+
+def due_now(tx: Transaction, *, identity: str, name: str, now: float) -> bool:
+    """Make a timer due now (an operator's "fire now"); whether there is one."""
+    return bool(tx.execute("UPDATE timers SET next_due = ?, claimed_until = NULL WHERE identity = ? AND name = ?",
+                           (now, identity, name)).rowcount)
+
+
+def listing(tx: Transaction, *, identity: str | None, due_before: float | None, limit: int) -> list[TimerRow]:
+    """Timers of ``identity`` (or all) due before ``due_before`` (or any time), soonest first."""
+    where: list[str] = []
+    parameters: list[object] = []
+    if identity is not None:
+        where.append("identity = ?")
+        parameters.append(identity)
+    if due_before is not None:
+        where.append("next_due <= ?")
+        parameters.append(due_before)
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    return [_row(row) for row in tx.execute(
+        f"SELECT {_COLUMNS} FROM timers {clause}ORDER BY next_due, identity, name LIMIT ?", (*parameters, limit))]
+
+
+def drop(tx: Transaction, identity: str) -> None:
+    """Forget every timer of a deleted identity."""
+    tx.execute("DELETE FROM timers WHERE identity = ?", (identity,))
+
+
+def _row(row: Row) -> TimerRow:
+    (identity, name, method, payload, next_due, every, cron, tz, overlap, catch_up, created, last_fired, fired,
+     missed, late, last_lateness) = row
+    return TimerRow(
+        identity=identity, name=name, method=method, payload=bytes(payload), next_due=float(next_due),
+        every=None if every is None else float(every), cron=cron, tz=tz, overlap=overlap, catch_up=catch_up,
+        created=float(created), last_fired=None if last_fired is None else float(last_fired), fired=int(fired),
+        missed=int(missed), late=int(late), last_lateness=None if last_lateness is None else float(last_lateness),
+    )

@@ -1,0 +1,292 @@
+"""Suspended turns on real host runtimes, a real SQLite ledger and real files (no Ray).
+
+A suspended turn holds no coroutine: its host answers its caller when a wake (its own
+timer, a signal, the wake sweep of any host) replays it to its end. Later messages wait
+behind it, durably, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import rayfleet as rf
+from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._runtime import HostRuntime
+from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
+from rayfleet.ledger._values import SpecRecord
+from rayfleet.turns._context import encode_signal
+
+EFFECTS: list[str] = []
+
+
+def effect(label: str) -> str:
+    EFFECTS.append(label)
+    return label
+
+
+class Shop(rf.Agent):
+    class State(rf.State):
+        seen: list[str] = []
+        paid: int = 0
+
+    @rf.handler
+    async def order(self, nap: float = 0.3) -> str:
+        self.state.seen.append("order")  # discarded at the suspension, applied again by the replay
+        await self.step("reserve", effect, "reserve")
+        await self.sleep(nap)
+        await self.step("ship", effect, "ship")
+        return "shipped"
+
+    @rf.handler
+    async def pay(self, timeout: float | None = None) -> str:
+        self.state.seen.append("pay")
+        try:
+            amount = await self.wait_signal("payment", timeout=timeout)
+        except rf.WaitTimeoutError:
+            return "timed out"
+        self.state.paid += amount
+        return f"paid {amount}"
+
+    @rf.handler
+    async def refund(self, eur: int, timeout: float | None = None, on_timeout: str = "reject") -> str:
+        decision = await self.approval("refund", data={"eur": eur}, approvers=["alice", "bob"], timeout=timeout,
+                                       on_timeout=on_timeout)
+        verdict = "approved" if decision.approved else "rejected"
+        return f"{verdict} by {decision.by}: {decision.comment} {decision.data}"
+
+    @rf.handler
+    async def note(self, text: str) -> list[str]:
+        self.state.seen.append(text)
+        return list(self.state.seen)
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    EFFECTS.clear()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    spec = rf.AgentSpec(identity="shop/1", agent=Shop)
+    led.register(SpecRecord(identity="shop/1", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                            agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value))
+    return led
+
+
+class TurnEvents:
+    """Host metrics that keep the durable-turn events (and drop the rest)."""
+
+    def __init__(self) -> None:
+        self.events: Counter[str] = Counter()
+
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        self.events[event] += count
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def host(ledger: Ledger, tmp_path: Path, name: str, *, wake_interval: float = 0.05,
+         metrics: object = None) -> HostRuntime:
+    extra = {} if metrics is None else {"metrics": metrics}
+    return HostRuntime(name=name, ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                       incarnation=name, wake_interval=wake_interval, **extra)
+
+
+async def until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def signal(ledger: Ledger, name: str, value: object, signal_id: str = "s1") -> int:
+    return len(ledger.send_signal(identity="shop/1", name=name, signal_id=signal_id,
+                                  value=encode_signal("shop/1", name, value)))
+
+
+async def test_a_sleeping_turn_suspends_and_its_caller_gets_the_reply_when_it_wakes(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    metrics = TurnEvents()
+    async with host(ledger, tmp_path, "a", wake_interval=60.0, metrics=metrics) as a:  # its own timer wakes it
+        envelope = rf.Envelope(target="shop/1", method="order", kwargs={"nap": 0.3})
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        (suspended,) = ledger.turns(identity="shop/1", statuses=("SUSPENDED",))
+        assert suspended.waiting_for == "sleep" and suspended.wake_at is not None
+        assert not call.done()
+        result = await asyncio.wait_for(call, 20)
+        assert result.value == "shipped" and EFFECTS == ["reserve", "ship"]  # the replay did not reserve again
+        assert metrics.events == {"step": 2, "suspended": 1, "resumed": 1, "completed": 1}
+        # The State the caller sees is the replay's: the turn's change applied once.
+        assert (await a.delivery.deliver(rf.Envelope(target="shop/1", method="note", kwargs={"text": "x"}))
+                ).value == ["order", "x"]
+    assert ledger.turn(identity="shop/1", turn_id=envelope.message_id).status == "COMPLETED"
+
+
+async def test_a_suspended_turn_resumes_on_another_host_after_its_host_died(ledger: Ledger, tmp_path: Path) -> None:
+    envelope = rf.Envelope(target="shop/1", method="order", kwargs={"nap": 1.0})
+    async with host(ledger, tmp_path, "a", wake_interval=60.0) as a:
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        ledger.revoke_holder(a.holder)  # host a is gone (its lease lapsed); its timer fires as a zombie's
+        async with host(ledger, tmp_path, "b") as b:
+            # The new owner learns of the suspended turn at activation: a new message waits behind it.
+            noting = asyncio.ensure_future(b.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "after"})))
+            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
+            await until(lambda: ledger.turn(identity="shop/1", turn_id=envelope.message_id).status == "COMPLETED")
+            assert (await asyncio.wait_for(noting, 20)).value == ["order", "after"]
+            # The caller's re-send (its first host is gone) gets the turn's reply.
+            assert (await b.delivery.deliver(envelope)).value == "shipped"
+        with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
+            await asyncio.wait_for(call, 20)
+    assert EFFECTS == ["reserve", "ship"]
+
+
+async def test_a_signal_resumes_the_waiting_turn_and_later_messages_wait_behind_it_in_order(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        paying = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="pay")))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        notes = []
+        for count, text in enumerate(("first", "second"), start=1):
+            notes.append(asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": text}))))
+            await until(lambda count=count: len(ledger.parked("shop/1", limit=10)) == count)
+        assert not paying.done() and not any(note.done() for note in notes)
+        assert signal(ledger, "payment", 42) == 1
+        assert (await asyncio.wait_for(paying, 20)).value == "paid 42"
+        first, second = [(await asyncio.wait_for(note, 20)).value for note in notes]
+        assert first == ["pay", "first"] and second == ["pay", "first", "second"]
+        assert ledger.parked("shop/1", limit=10) == []
+
+
+async def test_a_signal_sent_before_the_wait_is_kept_and_taken_at_once(ledger: Ledger, tmp_path: Path) -> None:
+    assert signal(ledger, "payment", 7) == 0  # nobody waits: kept
+    async with host(ledger, tmp_path, "a") as a:
+        result = await asyncio.wait_for(a.delivery.deliver(rf.Envelope(target="shop/1", method="pay")), 20)
+        assert result.value == "paid 7"
+        assert ledger.pending_signals(identity="shop/1") == []
+        assert signal(ledger, "payment", 7) == 0  # the same signal id again: recorded once, nothing new
+        assert ledger.pending_signals(identity="shop/1") == []
+
+
+async def test_a_durable_timeout_raises_wait_timeout_in_the_handler(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="shop/1", method="pay", kwargs={"timeout": 0.2})
+        assert (await asyncio.wait_for(a.delivery.deliver(envelope), 20)).value == "timed out"
+        # A signal after the timeout is kept for the next wait, not lost.
+        assert signal(ledger, "payment", 5) == 0
+        assert (await asyncio.wait_for(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="pay")), 20)).value == "paid 5"
+
+
+async def test_a_suspended_identity_can_be_deactivated_and_its_wake_activates_it(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="shop/1", method="pay")
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        assert await a.deactivate("shop/1")
+        assert not a.is_active("shop/1")
+        with pytest.raises(rf.LeaseLostError):  # its caller learns, and sends it again
+            await asyncio.wait_for(call, 20)
+        again = asyncio.ensure_future(a.delivery.deliver(envelope))  # activates; the turn suspends again
+        await until(lambda: a.is_active("shop/1"))
+        await asyncio.sleep(0.1)
+        assert not again.done()
+        assert signal(ledger, "payment", 3) == 1
+        assert (await asyncio.wait_for(again, 20)).value == "paid 3"
+
+
+async def test_bad_waits_are_refused_with_a_usage_error(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        with pytest.raises(rf.HandlerError) as failed:
+            await a.delivery.deliver(rf.Envelope(target="shop/1", method="order", kwargs={"nap": float("nan")}))
+        assert failed.value.remote_type.endswith("UsageError") and "finite" in failed.value.remote_message
+        with pytest.raises(rf.HandlerError) as failed:
+            await a.delivery.deliver(rf.Envelope(target="shop/1", method="pay", kwargs={"timeout": -1}))
+        assert "timeout" in failed.value.remote_message
+    with pytest.raises(rf.InvalidSpecError, match="over"):
+        encode_signal("shop/1", "payment", b"x" * (300 * 1024))
+    with pytest.raises(rf.InvalidSpecError, match="name"):
+        encode_signal("shop/1", "", 1)
+    with pytest.raises(rf.UnknownIdentityError):
+        ledger.send_signal(identity="nobody", name="payment", signal_id="s", value=b"")
+
+
+async def test_an_approval_suspends_the_turn_until_a_person_decides_once(ledger: Ledger, tmp_path: Path) -> None:
+    from rayfleet.turns._approvals import approval_info
+    async with host(ledger, tmp_path, "a") as a:
+        refund = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="refund", kwargs={"eur": 500})))
+        await until(lambda: bool(ledger.approvals()))
+        (pending,) = [approval_info(row) for row in ledger.approvals()]
+        assert (pending.subject, pending.data, pending.approvers, pending.status) == (
+            "refund", {"eur": 500}, ("alice", "bob"), "PENDING")
+        assert pending.identity == "shop/1" and pending.turn_id == refund_turn(ledger)
+        resolved = ledger.resolve_approval(approval_id=pending.id, approved=True, by="alice", comment="fine",
+                                           expect_version=pending.version)
+        assert resolved.woken is not None  # the sweep (or a driver) delivers it
+        assert (await asyncio.wait_for(refund, 20)).value == "approved by alice: fine None"
+        with pytest.raises(rf.ApprovalConflictError, match="already approved by alice"):
+            ledger.resolve_approval(approval_id=pending.id, approved=False, by="bob")
+
+
+def refund_turn(ledger: Ledger) -> str:
+    (turn,) = ledger.turns(identity="shop/1", statuses=("SUSPENDED",))
+    return turn.turn_id
+
+
+async def test_an_approval_timeout_decides_it_and_a_person_who_decided_first_wins(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        approved = await asyncio.wait_for(a.delivery.deliver(rf.Envelope(
+            target="shop/1", method="refund", kwargs={"eur": 5, "timeout": 0.2, "on_timeout": "approve"})), 20)
+        assert approved.value == "approved by timeout: decided by its timeout None"
+        rejected = await asyncio.wait_for(a.delivery.deliver(rf.Envelope(
+            target="shop/1", method="refund", kwargs={"eur": 6, "timeout": 0.2})), 20)
+        assert rejected.value == "rejected by timeout: decided by its timeout None"
+        statuses = sorted(row.status for row in ledger.approvals(status=None))
+        assert statuses == ["APPROVED", "REJECTED"]
+
+
+async def test_bad_approval_requests_are_refused_with_a_usage_error(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        for kwargs, complaint in (({"timeout": -1}, "timeout"), ({"on_timeout": "maybe"}, "on_timeout")):
+            with pytest.raises(rf.HandlerError) as failed:
+                await a.delivery.deliver(rf.Envelope(target="shop/1", method="refund", kwargs={"eur": 1, **kwargs}))
+            assert failed.value.remote_type.endswith("UsageError") and complaint in failed.value.remote_message
+    assert ledger.approvals(status=None) == []
+
+
+async def test_a_keyed_retry_of_a_suspended_turn_waits_for_it_instead_of_running_again(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        first = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="pay", idempotency_key="order-7")))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        # The caller gave up and retried with its key: a new message, the same effect.
+        retry = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="pay", idempotency_key="order-7")))
+        await asyncio.sleep(0.3)
+        assert ledger.parked("shop/1", limit=10) == []  # not queued behind its own turn
+        assert signal(ledger, "payment", 9) == 1
+        assert [(await asyncio.wait_for(call, 20)).value for call in (first, retry)] == ["paid 9", "paid 9"]
+        assert (await a.delivery.deliver(rf.Envelope(target="shop/1", method="note", kwargs={"text": "x"}))
+                ).value == ["pay", "x"]  # the turn ran once
+    async with host(ledger, tmp_path, "b") as b:  # and a later retry gets the remembered reply
+        again = await b.delivery.deliver(rf.Envelope(target="shop/1", method="pay", idempotency_key="order-7"))
+        assert again.value == "paid 9" and again.duplicate
