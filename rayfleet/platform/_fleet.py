@@ -51,6 +51,7 @@ from ..turns._context import encode_signal
 from ..turns._timers import timer_info
 from ..turns._values import TimerInfo
 from ..workflow._definition import Workflow, WorkflowOutcome
+from ..workflow._waits import signal_waiter_identity
 from ._approvals_client import ApprovalsClient
 from ._attach import join_ray
 from ._binding import require_fleet_marker
@@ -66,6 +67,7 @@ from ._runner import (
     execute_run,
     new_run_id,
     runner_holder_prefix,
+    waiter_record,
 )
 from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
@@ -554,6 +556,25 @@ class Fleet:
                                          value=blob).result()
         deliver_wakes(self._courier, woken)
         return len(woken)
+
+    def signal_run(self, run_id: str, name: str, value: Any = None, *, signal_id: str | None = None) -> int:
+        """Send signal ``name`` (with ``value``) to workflow run ``run_id``, for its ``wf.wait_signal`` steps.
+
+        As :meth:`signal`: durable, recorded once per ``signal_id``, taken by one waiting
+        step, kept until a step of the run waits for that name (it may be sent before the
+        step starts). Returns how many waiting steps it woke (0 or 1).
+
+        Raises:
+            InvalidSpecError: an empty run id or name, or a value that cannot be encoded
+                or is over 256 KiB encoded.
+        """
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidSpecError(f"run_id must be a run's id, got {run_id!r}", field="run_id")
+        if not isinstance(name, str) or not name:
+            raise InvalidSpecError(f"a signal needs a name, got {name!r}", field="name")
+        identity = signal_waiter_identity(run_id, name)
+        self._ledger.register(waiter_record(identity)).result()
+        return self.signal(identity, name, value, signal_id=signal_id)
 
     # -- reminders and schedules --------------------------------------------------------
 

@@ -32,18 +32,21 @@ from ..errors import (
     WorkflowError,
 )
 from ..host._messages import Envelope
+from ..identity._agent import AgentSpec
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
-from ..ledger._values import JournalRecord, RunRequests
+from ..ledger._values import JournalRecord, RunRequests, SpecRecord
 from ..retry import RetryPolicy
 from ..workflow import JournalState, StartedRun
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import JournalWith, StepReply, WorkflowEngine
+from ..workflow._waits import WorkflowWaiter
 from ._ledger_client import connect_ledger_from
 from ._metrics import RayRunMetrics
 from ._replies import turn_reply_from_wire
 from ._routing import Courier, HostDirectory, deliver_request
+from ._shipping import spec_record
 
 log = logging.getLogger("rayfleet.workflow")
 
@@ -77,6 +80,14 @@ class RayDispatcher:
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
         return await self._ledger.select_identities(labels=dict(labels))
+
+    async def ensure_waiter(self, identity: str) -> None:
+        await self._ledger.register(waiter_record(identity))
+
+
+def waiter_record(identity: str) -> SpecRecord:
+    """The spec of the platform agent named ``identity`` that runs a workflow's waiting step."""
+    return spec_record(AgentSpec(identity=identity, agent=WorkflowWaiter, labels={"rayfleet": "workflow-waiter"}))
 
 
 class LedgerJournal:

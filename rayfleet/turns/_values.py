@@ -120,11 +120,12 @@ class ApprovalInfo:
 
     id: str
     identity: str
-    """The agent whose turn waits on it (``""`` for a workflow's approval)."""
+    """The agent whose turn waits on it (``workflow/<run id>/step/<label>`` for a workflow's approval step)."""
     turn_id: str
-    """The waiting turn (``""`` for a workflow's approval)."""
+    """The waiting turn."""
     run_id: str
-    """The workflow run that waits on it (``""`` for an agent's approval)."""
+    """Reserved for a workflow run's own column; ``""`` today (a workflow's approval step names its run in
+    ``data["run"]`` and its identity)."""
     subject: str
     data: Any
     approvers: tuple[str, ...]

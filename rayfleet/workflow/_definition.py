@@ -18,6 +18,7 @@ from .._version import VERSION
 from ..errors import BudgetExceededError, InvalidSpecError, RayfleetError
 from ..identity._names import validate_identity
 from ..retry import RetryPolicy
+from ._waits import WAIT_METHOD, Wait
 
 Decision = Literal["done", "failed", "wait"]
 OnTimeout = Literal["fail", "reassign"]
@@ -264,13 +265,17 @@ class Step:
     verifier: Callable[[Any], Any] | None = None
     compensation: str | None = None
     compensation_payload: PayloadBuilder | None = None
+    wait: Wait | None = None
+    """Set on a waiting step (``Workflow.approval``, ``sleep``, ``wait_signal``): it has no target of its own."""
 
     def __post_init__(self) -> None:
         label = self.label
         if not isinstance(label, str) or not label:
             raise InvalidSpecError(f"step label must be a non-empty string, got {label!r}", field="step")
         targets = [name for name in ("to", "select", "scatter") if getattr(self, name) is not None]
-        if len(targets) != 1:
+        if self.wait is not None:
+            self._check_wait(targets)
+        elif len(targets) != 1:
             given = ", ".join(targets) or "none"
             raise InvalidSpecError(
                 f"step {label!r} needs exactly one of to=, select= or scatter= (given: {given}); "
@@ -324,6 +329,23 @@ class Step:
             raise InvalidSpecError(f"step {label!r}: a compensation payload must be callable(ctx) -> dict",
                                    field=label)
 
+    def _check_wait(self, targets: list[str]) -> None:
+        assert self.wait is not None
+        if not isinstance(self.wait, Wait):
+            raise InvalidSpecError(f"step {self.label!r}: wait= must be a Wait, got {self.wait!r}", field=self.label)
+        self.wait.check(self.label)
+        refused = [name for name, given in (
+            ("a target", bool(targets)), ("a payload", self.payload is not None),
+            ("a verifier", self.verifier is not None), ("a compensation", self.compensation is not None),
+            ("an exclusive lease", self.exclusive),
+            ("retries", isinstance(self.retry, RetryPolicy) and self.retry.max_attempts != 1),
+            ("reassignment on timeout", self.on_timeout != "fail"),
+        ) if given]
+        if refused:
+            raise InvalidSpecError(
+                f"step {self.label!r} waits ({self.wait.kind}); it cannot have {', '.join(refused)}: a waiting step "
+                f"runs on its own platform agent, once; put those on the steps before or after it", field=self.label)
+
     @property
     def target(self) -> str | Select:
         """The single ``to`` identity or the step's selector."""
@@ -342,6 +364,8 @@ class Step:
             found["verifier"] = self.verifier
         if self.compensation_payload is not None:
             found["compensation payload"] = self.compensation_payload
+        if self.wait is not None and self.wait.data_builder is not None:
+            found["approval data builder"] = self.wait.data_builder
         return found
 
 
@@ -450,6 +474,62 @@ class Workflow:
         Raises:
             InvalidSpecError: at once for a duplicate label or a malformed step.
         """
+        return self._add(
+            label, after, to=to, select=select, scatter=scatter, call=call, payload=payload,
+            gather=gather if gather is not None else AllOf(), timeout=timeout, per_agent_timeout=per_agent_timeout,
+            retry=retry if retry is not None else RetryPolicy(max_attempts=1),
+        )
+
+    def approval(
+        self, label: str, *, subject: str, data: Any = None, approvers: Iterable[str] = (),
+        after: Iterable[str] | str = (), timeout: float | None = None, on_timeout: str = "reject",
+    ) -> StepHandle:
+        """Add a step that waits for a person's decision on ``subject``; its output is the ``rf.Decision``.
+
+        The request appears in the fleet's approvals registry (``fleet.approvals``,
+        ``rayfleet approvals``, ``/v1/approvals``) with ``{"run": run_id, "step": label,
+        "data": data}``; ``data`` may be a callable taking the step context (earlier
+        outputs). A rejection fails the step, so the run compensates what it did. After
+        ``timeout`` seconds the timeout decides it (``on_timeout``: reject or approve).
+        The wait is a durable turn: it holds nothing while waiting and survives a runner
+        restart (the resumed run waits for the same request).
+
+        Raises:
+            InvalidSpecError: at once for a duplicate label, an empty subject, bad
+                approvers, timeout or ``on_timeout``.
+        """
+        return self._wait(label, after, Wait(kind="approval", subject=subject, data=data,
+                                             approvers=_names(label, approvers), timeout=timeout,
+                                             on_timeout=on_timeout))
+
+    def sleep(self, label: str, seconds: float, *, after: Iterable[str] | str = ()) -> StepHandle:
+        """Add a step that waits ``seconds`` durably (the run holds no host meanwhile); its output is ``None``.
+
+        The wake time is fixed when the step first starts: a resumed run waits only for
+        what is left.
+
+        Raises:
+            InvalidSpecError: at once for a duplicate label or ``seconds`` not a finite number >= 0.
+        """
+        return self._wait(label, after, Wait(kind="sleep", seconds=seconds))
+
+    def wait_signal(self, label: str, name: str, *, after: Iterable[str] | str = (),
+                    timeout: float | None = None) -> StepHandle:
+        """Add a step that waits for signal ``name`` sent to the run (``fleet.signal_run(run_id, name, value)``).
+
+        Its output is the signal's value. A signal sent before the step starts is kept
+        until it does; each signal is taken by one wait. A ``timeout`` (seconds from
+        the step's start) that passes first fails the step.
+
+        Raises:
+            InvalidSpecError: at once for a duplicate label, an empty name or a bad timeout.
+        """
+        return self._wait(label, after, Wait(kind="signal", name=name, timeout=timeout))
+
+    def _wait(self, label: str, after: Iterable[str] | str, wait: Wait) -> StepHandle:
+        return self._add(label, after, call=WAIT_METHOD, wait=wait, timeout=wait.dispatch_timeout())
+
+    def _add(self, label: str, after: Iterable[str] | str, **fields: Any) -> StepHandle:
         if not isinstance(label, str) or not label:
             raise InvalidSpecError(f"step label must be a non-empty string, got {label!r}", field="step")
         if label in self._steps:
@@ -463,11 +543,7 @@ class Workflow:
             raise InvalidSpecError(
                 f"step {label!r}: after= must be a step label or a list of them, got {after!r}", field=label
             ) from None
-        self._steps[label] = Step(
-            label=label, to=to, select=select, scatter=scatter, call=call, payload=payload, after=after_tuple,
-            gather=gather if gather is not None else AllOf(), timeout=timeout,
-            per_agent_timeout=per_agent_timeout, retry=retry if retry is not None else RetryPolicy(max_attempts=1),
-        )
+        self._steps[label] = Step(label=label, after=after_tuple, **fields)
         return StepHandle(self, label)
 
     def validate(self, *, for_submit: bool = False) -> None:
@@ -600,7 +676,10 @@ class Workflow:
                 None if step.scatter is None else sorted(step.scatter.labels.items()),
                 step.after, step.gather, step.timeout, step.per_agent_timeout, step.retry, step.on_timeout,
                 step.exclusive, step.compensation,
+                None if step.wait is None else dataclasses.replace(step.wait, data=None),
             )
+            if step.wait is not None and step.wait.data_builder is None:
+                feed("wait-data", step.wait.data)
             if isinstance(step.payload, Mapping):
                 feed("payload-dict", sorted(step.payload.items(), key=lambda item: str(item[0])))
             for what, fn in sorted(step.callables().items()):
@@ -609,6 +688,13 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, steps={list(self._steps)!r})"
+
+
+def _names(label: str, approvers: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(approvers, str):
+        raise InvalidSpecError(f"step {label!r}: approvers must be a list of names, got the string {approvers!r}",
+                               field=label)
+    return tuple(approvers)
 
 
 def _callable_fingerprint(fn: Callable[..., Any]) -> bytes:

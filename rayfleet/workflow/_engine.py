@@ -35,6 +35,7 @@ from ..identity._handlers import Reply, Usage
 from ..ledger._run_rules import DEFAULT_RUN_LEASE_TTL
 from ..ledger._values import RunRequests, StepJournaled
 from ..retry import RetryPolicy, retry_async
+from ..turns._values import Decision as ApprovalDecision
 from ._definition import (
     MAX_REASSIGNMENTS,
     AgentFailure,
@@ -46,6 +47,7 @@ from ._definition import (
     WorkflowOutcome,
 )
 from ._journal import Journal, JournalState
+from ._waits import Wait, waiter_identity
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +120,10 @@ class Dispatcher(Protocol):
 
     async def select(self, labels: Mapping[str, str]) -> list[str]:
         """Identities of ACTIVE or DORMANT agents carrying every label, sorted."""
+        ...
+
+    async def ensure_waiter(self, identity: str) -> None:
+        """Make sure a :class:`~rayfleet.workflow._waits.WorkflowWaiter` named ``identity`` exists (idempotent)."""
         ...
 
 
@@ -567,13 +573,50 @@ class WorkflowEngine:
     # ------------------------------------------------------------------ one step
 
     async def _run_step(self, step: Step) -> None:
-        if step.scatter is not None:
+        if step.wait is not None:
+            await self._wait(step, step.wait)
+        elif step.scatter is not None:
             output, tokens, served = await self._scatter(step)
             await self._finalize(step, output, tokens, served)
         else:
             await self._directed(step)  # finalizes itself, under the lease when exclusive
         # Post-dispatch check: the step is already journaled, so a breach compensates it too.
         self._meter.check()
+
+    async def _wait(self, step: Step, wait: Wait) -> None:
+        """Run a waiting step as a turn of its waiter, once per run (see ``workflow/_waits.py``).
+
+        Its key does not change when the run resumes, so a resumed run's dispatch joins
+        the turn still waiting rather than asking again. The engine journals the output
+        itself: a rejected approval must fail the step, not be journaled as its output.
+        """
+        target = waiter_identity(self.run_id, wait, step.label)
+        data = wait.data
+        if wait.data_builder is not None:
+            context = StepContext(run_id=self.run_id, outputs=MappingProxyType(dict(self._outputs)), attempt=1)
+            try:
+                data = await _maybe_await(wait.data_builder(context))
+            except Exception as error:
+                raise StepFailedError(step=step.label, detail=f"its approval data builder raised {_describe(error)}; "
+                                      f"fix the builder (ctx.outputs holds {sorted(context.outputs)})") from error
+        try:
+            await self._dispatcher.ensure_waiter(target)
+            output, tokens, _ = await self._call(
+                target=target, method=step.call, payload=wait.payload(run_id=self.run_id, label=step.label, data=data),
+                key=f"{self.run_id}/{step.label}/1-0", timeout=self._timeout_for(step.timeout))
+        except (StepFailedError, BudgetExceededError, StaleRunTokenError):
+            raise
+        except Exception as error:
+            remaining = self._meter.remaining_wall_clock()
+            if isinstance(error, TimeoutError) and remaining is not None and remaining <= 0:
+                self._meter.check()
+            raise StepFailedError(step=step.label, detail=f"its wait ({wait.kind}) on {target!r} failed: "
+                                  f"{_describe(error)}") from error
+        if isinstance(output, ApprovalDecision) and not output.approved:
+            comment = f" ({output.comment})" if output.comment else ""
+            raise StepFailedError(step=step.label, detail=f"approval {wait.subject!r} was rejected by "
+                                  f"{output.by!r}{comment}")
+        await self._finalize(step, output, tokens, (target,))
 
     def _journal_with(self, step: Step) -> JournalWith | None:
         """What a directed step's dispatch asks its turn to journal, when the output needs no verdict first."""

@@ -47,6 +47,9 @@ class FakeFleet:
         self.handlers[(identity, method)] = fn
         return self
 
+    async def ensure_waiter(self, identity: str) -> None:
+        self.labels.setdefault(identity, {})
+
     def dispatched(self, method: str) -> list[dict[str, Any]]:
         """Calls of ``method`` that actually ran a handler (dedup hits excluded)."""
         return [call for call in self.calls if call["method"] == method and not call["dedup"]]

@@ -227,13 +227,15 @@ def test_budget_exceeded_error_shape() -> None:
 
 
 ALLOWED_IMPORTS = ("__future__", "asyncio", "collections", "dataclasses", "enum", "hashlib", "heapq",
-                   "importlib", "inspect", "logging", "random", "time", "types", "typing", "cloudpickle",
+                   "importlib", "inspect", "logging", "math", "random", "time", "types", "typing", "cloudpickle",
                    "pydantic", "pyarrow")
 # ledger._run_rules: the run-lease and run-fencing rules, which the in-memory journal applies as the ledger does;
 # ledger._values: the plain values a journal answers with (RunRequests, StepJournaled), no store;
-# _version: the installed rayfleet's version, which a workflow's code version includes.
-ALLOWED_RELATIVE = ("errors", "retry", "_deadlines", "_version", "identity._handlers", "identity._names",
-                    "ledger._run_rules", "ledger._values")
+# _version: the installed rayfleet's version, which a workflow's code version includes;
+# identity._agent: a waiting step runs on a platform agent (workflow/_waits.py), which is an rf.Agent;
+# turns._values: the rf.Decision an approval step answers.
+ALLOWED_RELATIVE = ("errors", "retry", "_deadlines", "_version", "identity._agent", "identity._handlers",
+                    "identity._names", "ledger._run_rules", "ledger._values", "turns._values")
 
 
 def test_package_imports_only_allowed_modules() -> None:
