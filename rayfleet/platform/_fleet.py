@@ -49,7 +49,7 @@ from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..turns._context import encode_signal
 from ..turns._timers import timer_info
-from ..turns._values import TimerInfo
+from ..turns._values import TimerInfo, TurnInfo
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ._approvals_client import ApprovalsClient
 from ._attach import join_ray
@@ -71,6 +71,7 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
+from ._turn_handle import turn_info
 from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
@@ -556,6 +557,16 @@ class Fleet:
         return len(woken)
 
     # -- reminders and schedules --------------------------------------------------------
+
+    def turns(self, identity: str, *, limit: int = 100) -> list[TurnInfo]:
+        """The turns of ``identity`` in progress (running or suspended), newest first.
+
+        Listed from the ledger: a turn is there once it journaled something (a step, a
+        wait, a steering read); a turn that journals nothing is atomic and is not listed.
+        The stream of any turn is read with ``ref.start(...).events()`` or over HTTP.
+        """
+        rows = self._ledger.turns(identity=validate_identity(identity), limit=limit).result()
+        return [turn_info(row) for row in rows]
 
     def timers(self, identity: str | None = None, *, due_within: float | None = None,
                limit: int = 1000) -> list[TimerInfo]:

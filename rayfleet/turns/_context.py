@@ -154,11 +154,29 @@ class JournalPort(Protocol):
         ...
 
 
+class StreamPort(Protocol):
+    """How a turn reaches its stream (``self.emit``, ``self.emit_delta``, the boundary events)."""
+
+    def emit(self, kind: str, data: Any) -> None:
+        """A persisted event; raises ``UsageError`` for a platform kind or data that is not JSON."""
+        ...
+
+    def delta(self, text: str) -> None:
+        """A live-only delta."""
+        ...
+
+    def boundary(self, kind: str, data: Any = None) -> None:
+        """A platform event, recorded only if the turn has a stream."""
+        ...
+
+
 class TurnContext:
     """The journal of one turn (one message) on its host; see the module docstring."""
 
     def __init__(self, *, identity: str, turn_id: str, method: str, envelope: Callable[[], bytes],
-                 port: JournalPort, wall_clock: Callable[[], float] = time.time) -> None:
+                 port: JournalPort, wall_clock: Callable[[], float] = time.time,
+                 stream: StreamPort | None = None) -> None:
+        self._stream = stream
         self._wall_clock = wall_clock
         self.identity = identity
         self.turn_id = turn_id
@@ -229,6 +247,22 @@ class TurnContext:
         if self._journal is not None:
             self._journal[position] = entry
         return [value for _, value in fresh]
+
+    def emit(self, kind: str, data: Any) -> None:
+        """Add a persisted event to this turn's stream (see ``rf.Agent.emit``)."""
+        if self._stream is None:
+            raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit")
+        self._stream.emit(kind, data)
+
+    def emit_delta(self, text: str) -> None:
+        """Add a live-only delta to this turn's stream (see ``rf.Agent.emit_delta``)."""
+        if self._stream is None:
+            raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit_delta")
+        self._stream.delta(text)
+
+    def _boundary(self, kind: str, data: Any = None) -> None:
+        if self._stream is not None:
+            self._stream.boundary(kind, data)
 
     def _journaled(self, entry: TurnEntry, *, status: str = "RUNNING") -> None:
         assert self._journal is not None  # read before any write
@@ -303,11 +337,14 @@ class TurnContext:
                                                                           wake_at=due))
         if row.status == "PENDING":
             self._journaled(found, status="SUSPENDED")
+            self._boundary("approval.requested", {"approval_id": approval_id, "subject": subject})
             if due is None or self._wall_clock() < due:
                 raise TurnSuspended(waiting_for=waiting_for, wake_at=due)
             row = await self._port.decide_by_timeout(approval_id, on_timeout == "approve")
         decision = decision_of(row)
         await self._write(dataclasses.replace(found, state=TurnEntryState.COMPLETED, value=encode_output(decision)))
+        self._boundary("approval.resolved", {"approval_id": approval_id, "approved": decision.approved,
+                                              "by": decision.by})
         return decision
 
     async def wait_signal(self, name: str, timeout: float | None) -> Any:
@@ -391,6 +428,7 @@ class TurnContext:
         finally:
             CURRENT_STEP_KEY.reset(marker)
         await self._write(self._completed(position, name, self._encode_value(name, position, value)))
+        self._boundary("step", {"name": name, "position": position})
         return value
 
     @staticmethod
