@@ -234,8 +234,11 @@ class Agent:
         HTTP clients as server-sent events. Its id is ``<owner epoch>.<sequence>``; a client
         that reconnects after its last id gets every persisted event after it. The event is
         delivered live at once and written to the ledger by the host's group commit, fenced
-        by this owner's token (a host that lost the identity cannot append). Not journaled:
-        a replayed turn emits again, after a ``reset`` event when it replays on a new owner.
+        by this owner's token (a host that lost the identity cannot append). Not journaled,
+        but a turn replaying its journal (resumed after a suspension, or on a new owner)
+        emits nothing until it passes its last journaled step or wait: the stream already
+        has those events. What a turn cut off by a failover emitted after that point it
+        emits again on its new owner, after one ``reset`` event.
 
         Raises:
             UsageError: outside a handler's turn; ``kind`` empty or one the platform writes

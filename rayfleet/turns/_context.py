@@ -248,16 +248,28 @@ class TurnContext:
             self._journal[position] = entry
         return [value for _, value in fresh]
 
+    def replaying(self) -> bool:
+        """Whether the handler is still before the last entry of its journal (a replay that has not caught up)."""
+        return bool(self._journal) and self._position <= max(self._journal)  # type: ignore[arg-type]
+
     def emit(self, kind: str, data: Any) -> None:
-        """Add a persisted event to this turn's stream (see ``rf.Agent.emit``)."""
+        """Add a persisted event to this turn's stream (see ``rf.Agent.emit``).
+
+        Skipped while the turn replays what its journal holds: the stream already has
+        what the first run emitted there.
+        """
         if self._stream is None:
             raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit")
+        if self.replaying():
+            return
         self._stream.emit(kind, data)
 
     def emit_delta(self, text: str) -> None:
-        """Add a live-only delta to this turn's stream (see ``rf.Agent.emit_delta``)."""
+        """Add a live-only delta to this turn's stream (see ``rf.Agent.emit_delta``); skipped in a replay."""
         if self._stream is None:
             raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit_delta")
+        if self.replaying():
+            return
         self._stream.delta(text)
 
     def _boundary(self, kind: str, data: Any = None) -> None:

@@ -202,7 +202,8 @@ async def test_a_suspended_turn_streams_suspended_then_resumed(ledger: Ledger, t
         assert (await asyncio.wait_for(paying, 20)).value == 7
         await a.delivery.streams.flush()
     kinds = [kind for _, kind in persisted(ledger, envelope.message_id)]
-    assert kinds == ["started", "status", "suspended", "resumed", "status", "step", "completed"]
+    # The replay does not emit again what the first run emitted before its wait.
+    assert kinds == ["started", "status", "suspended", "resumed", "step", "completed"]
 
 
 async def test_after_a_failover_the_stream_carries_one_reset_and_the_zombie_cannot_append(

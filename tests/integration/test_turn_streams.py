@@ -1,0 +1,100 @@
+"""Turn streams through a real fleet on both ledger stores: ``ref.start``, ``TurnHandle``, ``ref.stream``, ``fleet.turns``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import rayfleet as rf
+
+
+class Narrator(rf.Agent):
+    class State(rf.State):
+        told: int = 0
+
+    @rf.handler
+    async def tell(self, words: list[str], wait: bool = False) -> str:
+        self.emit("status", {"phase": "start"})
+        for word in words:
+            self.emit_delta(word)
+        if wait:
+            await self.wait_signal("go")
+        self.emit("status", {"phase": "end"})
+        self.state.told += 1
+        return " ".join(words)
+
+    @rf.handler
+    async def hang(self) -> None:
+        self.emit("status", "hanging")
+        await asyncio.sleep(3600)
+
+
+def test_a_started_turn_streams_its_events_and_a_client_resumes_after_its_last_id(make_any_fleet: Any) -> None:
+    fleet = make_any_fleet(hosts=1)
+    ref = fleet.spawn("narrator/1", Narrator)
+    handle = ref.start("tell", words=["Hel", "lo"])
+    assert isinstance(handle, rf.TurnHandle) and handle.id
+    events = list(handle.events())
+    assert handle.result(timeout=60) == "Hel lo"
+    assert [event.kind for event in events] == ["started", "status", "delta", "delta", "status", "completed"]
+    assert [event.data for event in events if event.kind == "delta"] == ["Hel", "lo"]
+    assert events[-1].data == {"value": "Hel lo"} and events[-1].final
+    assert all(isinstance(event, rf.TurnEvent) and event.turn_id == handle.id for event in events)
+    persisted = [event for event in events if event.persisted]
+    # Resuming after an id gets every persisted event after it, once.
+    again = list(handle.events(after=persisted[1].id))
+    assert [event.id for event in again] == [event.id for event in persisted[2:]]
+    # Resuming after a delta's id goes on from the persisted event before it.
+    delta = next(event for event in events if event.kind == "delta")
+    assert [event.kind for event in handle.events(after=delta.id)] == ["status", "completed"]
+    # An id of another turn, or no id at all, is refused with what to do.
+    other = ref.start("tell", words=["x"])
+    other_events = list(other.events())
+    with pytest.raises(rf.UnknownTurnEventError, match="event of turn"):
+        list(handle.events(after=other_events[0].id))
+    with pytest.raises(rf.UnknownTurnEventError, match="not an event id"):
+        list(handle.events(after="yesterday"))
+
+
+def test_stream_and_wait_and_a_suspended_turn_listed_by_fleet_turns(make_any_fleet: Any) -> None:
+    fleet = make_any_fleet(hosts=1)
+    ref = fleet.spawn("narrator/2", Narrator)
+
+    async def streamed() -> list[rf.TurnEvent]:
+        return [event async for event in ref.stream("tell", words=["a", "b"])]
+
+    events = asyncio.run(streamed())
+    assert [event.kind for event in events] == ["started", "status", "delta", "delta", "status", "completed"]
+
+    handle = ref.start("tell", words=["waits"], wait=True)
+    seen: list[rf.TurnEvent] = []
+    for event in handle.events():
+        seen.append(event)
+        if event.kind == "suspended":
+            (info,) = fleet.turns("narrator/2")
+            assert isinstance(info, rf.TurnInfo)
+            assert info.id == handle.id and info.status is rf.TurnStatus.SUSPENDED
+            assert info.waiting_for == "signal:go" and info.method == "tell" and info.steps == 1
+            fleet.signal("narrator/2", "go", True)
+    # The resumed turn's replay does not emit again what it emitted before its wait.
+    assert [event.kind for event in seen] == ["started", "status", "delta", "suspended", "resumed", "status",
+                                              "completed"]
+    assert asyncio.run(handle.wait()) == "waits"
+    assert fleet.turns("narrator/2") == []
+
+
+def test_cancel_interrupts_the_turn_and_ends_its_stream(make_any_fleet: Any) -> None:
+    fleet = make_any_fleet(hosts=1)
+    ref = fleet.spawn("narrator/3", Narrator)
+    handle = ref.start("hang")
+    events = handle.events()
+    assert next(events).kind == "started"
+    assert next(events).kind == "status"
+    assert handle.cancel()
+    assert [event.kind for event in events] == ["interrupted"]
+    with pytest.raises(rf.TurnInterruptedError):
+        handle.result(timeout=60)
+    assert not handle.cancel()
+    assert ref.call("tell", words=["after"]) == "after"
