@@ -8,7 +8,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -49,7 +49,7 @@ from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..turns._context import encode_signal
 from ..turns._timers import timer_info
-from ..turns._values import TimerInfo, TurnInfo
+from ..turns._values import TimerInfo, TurnEvent, TurnInfo
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ._approvals_client import ApprovalsClient
 from ._attach import join_ray
@@ -71,7 +71,7 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
-from ._turn_handle import turn_info
+from ._turn_handle import aread_events, cancel_turn, read_events, turn_info, turn_status
 from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
@@ -567,6 +567,31 @@ class Fleet:
         """
         rows = self._ledger.turns(identity=validate_identity(identity), limit=limit).result()
         return [turn_info(row) for row in rows]
+
+    def turn(self, identity: str, turn_id: str) -> TurnInfo | None:
+        """What the ledger knows of one turn: its row if it journaled, else what its stream says; ``None`` if
+        neither (a turn that journaled and streamed nothing, or one past its retention)."""
+        return turn_status(self._ledger, validate_identity(identity), turn_id)
+
+    def turn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> Iterator[TurnEvent]:
+        """The stream of any turn of ``identity`` after event id ``after`` (as ``TurnHandle.events``).
+
+        Without the turn's reply to go by, a turn whose owner never heard of it (not
+        started yet, or one that streamed nothing and ended) ends the iteration after a
+        few long polls.
+
+        Raises:
+            UnknownTurnEventError: ``after`` is not an event id of this turn.
+        """
+        return read_events(self._courier, validate_identity(identity), turn_id, after)
+
+    def aturn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> AsyncIterator[TurnEvent]:
+        """:meth:`turn_events`, as an async iterator."""
+        return aread_events(self._courier, validate_identity(identity), turn_id, after)
+
+    def cancel_turn(self, identity: str, turn_id: str) -> bool:
+        """Interrupt a turn in progress (as ``TurnHandle.cancel``); whether it was in progress."""
+        return cancel_turn(self._courier, validate_identity(identity), turn_id)
 
     def timers(self, identity: str | None = None, *, due_within: float | None = None,
                limit: int = 1000) -> list[TimerInfo]:

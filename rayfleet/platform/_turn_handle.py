@@ -137,11 +137,16 @@ def read_events(courier: Courier, identity: str, turn_id: str, after: str | None
     Raises:
         UnknownTurnEventError: ``after`` is not an event id, or names an event of another turn.
     """
-    ledger: LedgerClient = courier.ledger
     key = _check_after(turn_id, identity, after)
     if key is not None and after is not None:
-        _foreign(ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]).result(), identity, turn_id,
-                 after)
+        _foreign(courier.ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]).result(), identity,
+                 turn_id, after)
+    return _read(courier, identity, turn_id, key, finished)
+
+
+def _read(courier: Courier, identity: str, turn_id: str, key: EventKey | None,
+          finished: Callable[[], bool] | None) -> Iterator[TurnEvent]:
+    ledger: LedgerClient = courier.ledger
     steps = _reading(turn_id, key, finished)
     answer: Any = None
     while True:
@@ -161,14 +166,23 @@ def read_events(courier: Courier, identity: str, turn_id: str, after: str | None
                                         timeout=POLL_WAIT * 6)
 
 
-async def aread_events(courier: Courier, identity: str, turn_id: str, after: str | None = None,
-                       finished: Callable[[], bool] | None = None) -> AsyncIterator[TurnEvent]:
-    """:func:`read_events`, awaited."""
-    ledger: LedgerClient = courier.ledger
+def aread_events(courier: Courier, identity: str, turn_id: str, after: str | None = None,
+                 finished: Callable[[], bool] | None = None) -> AsyncIterator[TurnEvent]:
+    """:func:`read_events` as an async iterator; ``after`` is checked at once (one blocking ledger read).
+
+    Raises:
+        UnknownTurnEventError: ``after`` is not an event id, or names an event of another turn.
+    """
     key = _check_after(turn_id, identity, after)
     if key is not None and after is not None:
-        _foreign(await ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]), identity, turn_id,
-                 after)
+        _foreign(courier.ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]).result(), identity,
+                 turn_id, after)
+    return _aread(courier, identity, turn_id, key, finished)
+
+
+async def _aread(courier: Courier, identity: str, turn_id: str, key: EventKey | None,
+                 finished: Callable[[], bool] | None) -> AsyncIterator[TurnEvent]:
+    ledger: LedgerClient = courier.ledger
     steps = _reading(turn_id, key, finished)
     answer: Any = None
     while True:
@@ -284,16 +298,17 @@ def turn_info(record: TurnRecord) -> TurnInfo:
                     started=record.started, updated=record.updated, steps=record.steps, error=record.error)
 
 
-async def turn_status(ledger: LedgerClient, identity: str, turn_id: str) -> TurnInfo | None:
+def turn_status(ledger: LedgerClient, identity: str, turn_id: str) -> TurnInfo | None:
     """What the ledger knows of a turn: its row if it journaled, else what its stream says; ``None`` if nothing."""
-    record = await ledger.turn(identity=identity, turn_id=turn_id)
+    record = ledger.turn(identity=identity, turn_id=turn_id).result()
     if record is not None:
         return turn_info(record)
-    last = await ledger.last_turn_event(identity=identity, turn_id=turn_id)
+    last = ledger.last_turn_event(identity=identity, turn_id=turn_id).result()
     if last is None:
         return None
-    first = (await ledger.turn_events(identity=identity, turn_id=turn_id, limit=1))[0]
-    method = json.loads(first.data).get("method", "") if first.kind == "started" and first.data != "null" else ""
+    first = ledger.turn_events(identity=identity, turn_id=turn_id, limit=1).result()[0]
+    opening = json.loads(first.data) if first.kind == "started" else None
+    method = str(opening.get("method", "")) if isinstance(opening, dict) else ""
     status = {"completed": TurnStatus.COMPLETED, "failed": TurnStatus.FAILED, "interrupted": TurnStatus.INTERRUPTED,
               "suspended": TurnStatus.SUSPENDED}.get(last.kind, TurnStatus.RUNNING)
     data = json.loads(last.data)
