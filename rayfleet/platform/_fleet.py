@@ -564,8 +564,12 @@ class Fleet:
         Listed from the ledger: a turn is there once it journaled something (a step, a
         wait, a steering read); a turn that journals nothing is atomic and is not listed.
         The stream of any turn is read with ``ref.start(...).events()`` or over HTTP.
+
+        Raises:
+            UnknownIdentityError: no identity of that name exists.
         """
-        rows = self._ledger.turns(identity=validate_identity(identity), limit=limit).result()
+        view_of(self._ledger, validate_identity(identity))  # UnknownIdentityError for an identity that is not
+        rows = self._ledger.turns(identity=identity, limit=limit).result()
         return [turn_info(row) for row in rows]
 
     def turn(self, identity: str, turn_id: str) -> TurnInfo | None:
