@@ -89,7 +89,7 @@ from ..turns._values import TurnStatus
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
-from ._streams import SUSPENDED, StreamHub, TurnEvents, parse_event_id
+from ._streams import RESET, SUSPENDED, StreamHub, TurnEvents, parse_event_id
 
 if TYPE_CHECKING:
     from ..ledger._contract import LedgerClient
@@ -882,6 +882,8 @@ class Delivery:
                 self.counters.handler_errors += 1
                 retry = is_retryable(error) and attempt + 1 < policy.max_attempts
                 if retry:
+                    # The retry replays the journal; what the failed attempt streamed after it is void.
+                    self.streams.boundary(envelope.target, envelope.message_id, RESET, {"retry": attempt + 1})
                     await asyncio.sleep(policy.delay_after(error, attempt))
                     continue
                 failure = HandlerError(

@@ -191,6 +191,8 @@ class TurnContext:
         self._row_status: str | None = None
         """The status the turn's row has in the ledger (``None``: no row yet)."""
         self._position = 0
+        self._replay_until = -1
+        """The last position the journal held when it was read: the handler replays until it passes it."""
         self.journaled = False
         """Whether this turn has a row: something was journaled by it (or by an earlier run of it)."""
         self.steps_run = 0
@@ -199,6 +201,8 @@ class TurnContext:
     def begin_attempt(self) -> None:
         """A handler attempt starts: its durable calls are matched against the journal from position 0."""
         self._position = 0
+        if self._journal:
+            self._replay_until = max(self._journal)  # a retry replays what earlier attempts journaled
 
     async def load(self) -> None:
         """Read the turn's journal now (a resumed or recovered turn: one that has a journal)."""
@@ -208,6 +212,7 @@ class TurnContext:
         if self._journal is None:
             record = await self._port.read(self.turn_id)
             self._journal = {} if record is None else {entry.position: entry for entry in record.entries}
+            self._replay_until = max(self._journal, default=-1)
             self.journaled = record is not None
             self._row_status = None if record is None else record.status
         return self._journal
@@ -250,7 +255,7 @@ class TurnContext:
 
     def replaying(self) -> bool:
         """Whether the handler is still before the last entry of its journal (a replay that has not caught up)."""
-        return bool(self._journal) and self._position <= max(self._journal)  # type: ignore[arg-type]
+        return self._position <= self._replay_until
 
     def emit(self, kind: str, data: Any) -> None:
         """Add a persisted event to this turn's stream (see ``rf.Agent.emit``).

@@ -26,6 +26,7 @@ from rayfleet.ledger._values import SpecRecord
 from rayfleet.turns._context import encode_signal
 
 GATES: dict[str, asyncio.Event] = {}
+ATTEMPTS: list[int] = []
 
 
 class Writer(rf.Agent):
@@ -68,6 +69,16 @@ class Writer(rf.Agent):
         return value
 
     @rf.handler
+    async def flaky(self) -> str:
+        self.emit("status", "before")
+        await self.step("s", lambda: 1)
+        self.emit("status", "after")
+        ATTEMPTS.append(1)
+        if len(ATTEMPTS) == 1:
+            raise rf.RetryableError("once more")
+        return "done"
+
+    @rf.handler
     async def many(self, count: int) -> int:
         for index in range(count):
             self.emit("n", index)
@@ -77,7 +88,7 @@ class Writer(rf.Agent):
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
     led = Ledger(tmp_path / "ledger.sqlite")
-    spec = rf.AgentSpec(identity="w/1", agent=Writer)
+    spec = rf.AgentSpec(identity="w/1", agent=Writer, retry=rf.RetryPolicy(max_attempts=2, base_delay=0.0))
     led.register(SpecRecord(identity="w/1", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
                             agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value))
     return led
@@ -264,3 +275,14 @@ async def test_retention_forgets_finished_streams(ledger: Ledger, tmp_path: Path
         a.stream_retention = 0.0
         assert await a.sweep_streams() == 1
     assert persisted(ledger, envelope.message_id) == []
+
+
+async def test_a_retried_attempt_replays_quietly_after_one_reset(ledger: Ledger, tmp_path: Path) -> None:
+    ATTEMPTS.clear()
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="flaky")
+        assert (await a.delivery.deliver(envelope)).value == "done"
+        await a.delivery.streams.flush()
+    # The retry does not emit again what came before the journaled step; what came after it is voided by a reset.
+    assert [kind for _, kind in persisted(ledger, envelope.message_id)] == [
+        "started", "status", "step", "status", "reset", "status", "completed"]
