@@ -106,3 +106,60 @@ def test_cancel_interrupts_the_turn_and_ends_its_stream(make_any_fleet: Any) -> 
         handle.result(timeout=60)
     assert not handle.cancel()
     assert ref.call("tell", words=["after"]) == "after"
+
+
+class Scribe(rf.Agent):
+    @rf.handler
+    async def write(self, lines: int) -> int:
+        for index in range(lines):
+            self.emit("line", index)
+            self.emit_delta(f"part {index}")
+            await asyncio.sleep(0.05)
+        return lines
+
+
+@pytest.mark.timeout(180)
+def test_a_reader_across_a_failover_misses_and_repeats_no_persisted_event_and_sees_one_reset(make_fleet: Any) -> None:
+    import os
+    import signal
+    import threading
+
+    import ray
+
+    fleet = make_fleet(hosts=2, lease_ttl=3.0)
+    ref = fleet.spawn("scribe/1", Scribe)
+    handle = ref.start("write", lines=80)
+    seen: list[rf.TurnEvent] = []
+    half_way = threading.Event()
+
+    def read() -> None:
+        for event in handle.events():
+            seen.append(event)
+            if event.kind == "line" and event.data == 10:
+                half_way.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert half_way.wait(60)
+    owner = fleet.status("scribe/1").host
+    assert owner is not None
+    actor = ray.get_actor(owner, namespace=fleet.config.namespace)
+    os.kill(int(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))), signal.SIGKILL)
+    assert handle.result(timeout=120) == 80  # the caller's re-send ran the turn again on the other host
+    reader.join(120)
+    assert not reader.is_alive() and seen[-1].kind == "completed"
+
+    ledger = [f"{row.epoch}.{row.seq}" for row in fleet._ledger.turn_events(identity="scribe/1", turn_id=handle.id,
+                                                                             limit=10_000).result()]
+    persisted = [event.id for event in seen if event.persisted]
+    assert len(persisted) == len(set(persisted))  # nothing repeated
+    assert set(ledger) <= set(persisted)  # nothing persisted missed (a dead host's last live events may be extra)
+    assert [event.kind for event in seen].count("reset") == 1
+    keys = [tuple(int(part) for part in event.id.split(".")) for event in seen]
+    assert keys == sorted(keys)
+    epochs = {key[0] for key in keys}
+    assert len(epochs) == 2
+    first_of_new = next(event for event in seen if int(event.id.split(".")[0]) == max(epochs))
+    assert first_of_new.kind == "reset"  # before any of the new owner's events, deltas included
+    assert [event.data for event in seen if event.kind == "line" and int(event.id.split(".")[0]) == max(epochs)] \
+        == list(range(80))
