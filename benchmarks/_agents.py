@@ -69,6 +69,38 @@ class BenchAgent(rf.Agent):
         return time.time()
 
 
+class TimerAgent(rf.Agent):
+    """B12's agent: it sets reminders, and each firing notes how late it ran."""
+
+    class State(rf.State):
+        lateness: list[float] = []
+        """Seconds each firing ran after its scheduled time, in firing order."""
+        last_fired: float = 0.0
+        """The wall clock of the latest firing."""
+
+    @rf.handler
+    async def arm(self, prefix: str, dues: list[float]) -> int:
+        """Set one reminder per due time (``<prefix><index>``), each calling :meth:`tick` with its time."""
+        for index, due in enumerate(dues):
+            await self.remind(f"{prefix}{index}", at=due, method="tick", due=due)
+        return len(dues)
+
+    @rf.handler
+    async def tick(self, due: float) -> None:
+        """A reminder's firing: a turn that records its lateness (and commits, as any turn changing State does)."""
+        now = time.time()
+        self.state.lateness.append(now - due)
+        self.state.last_fired = now
+
+    @rf.handler
+    async def take(self) -> tuple[list[float], float]:
+        """The lateness recorded so far and the latest firing's time; clears them."""
+        taken = (list(self.state.lateness), self.state.last_fired)
+        self.state.lateness = []
+        self.state.last_fired = 0.0
+        return taken
+
+
 @ray.remote(num_cpus=0)
 class PlainActor:
     """The raw-Ray baseline: an async actor with the same methods as :class:`BenchAgent`."""
@@ -90,6 +122,23 @@ class PlainActor:
         """B11's baseline: an in-memory ``asyncio.sleep`` and the wall clock after it."""
         await asyncio.sleep(seconds)
         return time.time()
+
+    async def fire_at(self, dues: list[float]) -> list[float]:
+        """B12's baseline: in-memory event-loop timers at ``dues`` (wall clock); each one's lateness in seconds."""
+        loop = asyncio.get_running_loop()
+        lateness: list[float] = []
+        done: asyncio.Future[None] = loop.create_future()
+
+        def fire(due: float) -> None:
+            lateness.append(time.time() - due)
+            if len(lateness) == len(dues) and not done.done():
+                done.set_result(None)
+
+        for due in dues:
+            loop.call_later(max(0.0, due - time.time()), fire, due)
+        if dues:
+            await done
+        return lateness
 
 
 def plain_actor() -> ray.actor.ActorHandle:

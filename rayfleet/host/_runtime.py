@@ -280,12 +280,17 @@ WAKE_BATCH = 200
 """Due turns claimed per ledger round trip of a sweep."""
 WAKE_CLAIM_SECONDS = 30.0
 """How long a claimed wake is left to its sweeper before another host may deliver it again."""
+FIRING_LIMIT = 1000
+"""Timer firings one host runs at once. A sweep claims no more than the room left, so a
+burst of due timers is claimed as fast as this host fires them, not all at once: a claim
+held past ``WAKE_CLAIM_SECONDS`` unworked would lapse and be fired again by another host.
+When a host that hit the limit is down to half, it sweeps again at once."""
 
 _REFUSALS = (StaleFencingTokenError, LeaseLostError, UnknownIdentityError)
+"""What the ledger answers a write whose token is no longer the identity's: another owner took over."""
 _FIRED_FOR_GOOD = (HandlerError, UnknownHandlerError, InvalidArgumentsError, InvalidStateError, NotAddressableError,
                    DeadlineExceededError, StaleSequenceError)
 """What a timer's firing may end with and still count as fired: another try would end the same way."""
-"""What the ledger answers a write whose token is no longer the identity's: another owner took over."""
 
 
 class _AgentContext:
@@ -446,6 +451,9 @@ class HostRuntime:
         # Strong references until done: the event loop keeps only weak ones, and a
         # collected task would silently stop mid-work.
         self._background: set[asyncio.Task[None]] = set()
+        self._firing: set[asyncio.Task[None]] = set()
+        self._firing_saturated = False
+        self._sweep_now = asyncio.Event()
         self._started = False
         self.draining = False
         self._renewal_failures = 0
@@ -1339,7 +1347,9 @@ class HostRuntime:
 
     async def _wake_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.wake_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sweep_now.wait(), self.wake_interval)
+            self._sweep_now.clear()
             try:
                 await self.wake_due()
             except Exception as error:  # noqa: BLE001 - the next sweep tries again
@@ -1367,13 +1377,25 @@ class HostRuntime:
             if len(due) < WAKE_BATCH:
                 break
         while not self.draining:
-            timers = await self._ledger.claim_timers(limit=WAKE_BATCH, claim_for=WAKE_CLAIM_SECONDS)
+            room = min(WAKE_BATCH, FIRING_LIMIT - len(self._firing))
+            if room <= 0:
+                self._firing_saturated = True
+                break
+            timers = await self._ledger.claim_timers(limit=room, claim_for=WAKE_CLAIM_SECONDS)
             for timer in timers:
-                self._spawn(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
+                task = self._spawn(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
+                self._firing.add(task)
+                task.add_done_callback(self._fired)
             woken += len(timers)
-            if len(timers) < WAKE_BATCH:
+            if len(timers) < room:
                 break
         return woken
+
+    def _fired(self, task: asyncio.Task[None]) -> None:
+        self._firing.discard(task)
+        if self._firing_saturated and len(self._firing) <= FIRING_LIMIT // 2:
+            self._firing_saturated = False
+            self._sweep_now.set()
 
     async def sweep_streams(self) -> int:
         """Forget the streams of turns that ended more than ``stream_retention`` seconds ago; returns how many.

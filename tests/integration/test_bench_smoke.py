@@ -2,7 +2,7 @@
 
 It runs inside the session's one Ray (the suite uses a Ray that is already up and
 leaves it running). Only the shape of what each benchmark reports is checked: every
-one of B1..B13 (B12 is not built) produced its rows with figures, a verdict and no error, and the JSON
+one of B1..B13 produced its rows with figures, a verdict and no error, and the JSON
 file parses. No wall-clock thresholds, and no assertion on whether a target was met.
 """
 
@@ -19,11 +19,13 @@ import ray
 
 from benchmarks.__main__ import IDS, main
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B13")
-STORE_DEPENDENT = ("B1", "B2", "B6", "B9", "B10", "B11", "B13")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13")
+STORE_DEPENDENT = ("B1", "B2", "B6", "B9", "B10", "B11", "B12", "B13")
 """Benchmarks that run once per ledger store."""
 NO_BASELINE = ("B8 ", "B9 bulk", "B4 live")
 """Rows whose figure stands alone (no raw-Ray side)."""
+ONE_SHOT = ("B12 reminders", "B12 reminder lateness")
+"""Rows measured once (a burst of 100,000 reminders is not repeated in rounds)."""
 MAY_BE_ZERO = ("B4 memory",)
 """RSS growth over a few hundred agents can be nothing at all (or negative): only numeric is required."""
 
@@ -61,7 +63,7 @@ def test_every_benchmark_reports_its_rows_at_smoke_sizes(tmp_path: Path) -> None
         else:
             assert _numeric(row["baseline"]) and row["baseline"] > 0, name
             assert _numeric(row["ratio"]), name
-        assert row["spread"]["rayfleet"]["rounds"] >= 2, name
+        assert row["spread"]["rayfleet"]["rounds"] >= (1 if name.startswith(ONE_SHOT) else 2), name
     stores = {"sqlite"} | ({"postgresql"} if pg_support.unavailable() is None else set())
     for benchmark in STORE_DEPENDENT:
         for store in stores:

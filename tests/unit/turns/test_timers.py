@@ -13,6 +13,7 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host import _runtime
 from rayfleet.host._runtime import HostRuntime
 from rayfleet.ledger import TimerRow
 from rayfleet.ledger._ledger import Ledger
@@ -124,6 +125,23 @@ async def test_a_schedule_follows_its_cron_expression_in_its_time_zone(ledger: L
         assert (due.hour, due.minute) == (8, 0) and due.weekday() < 5 and timer.next_due > time.time()
         assert (timer.cron, timer.tz, timer.overlap, timer.catch_up) == ("0 8 * * 1-5", "Europe/Paris", "skip",
                                                                          "latest")
+
+
+async def test_a_burst_of_due_timers_is_claimed_as_fast_as_the_host_fires_them(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A host that claimed a whole burst at once would hold claims it cannot work on before
+    # they lapse, and another host would fire the same times again.
+    monkeypatch.setattr(_runtime, "FIRING_LIMIT", 4)
+    async with host(ledger, tmp_path, "a", wake_interval=3600.0) as a:
+        at = time.time() + 0.2
+        for index in range(10):
+            await call(a, "set_reminder", name=f"r{index}", at=at)
+        await asyncio.sleep(max(0.0, at - time.time()) + 0.05)
+        assert await a.wake_due() == 4  # the room it has, not the 10 due
+        # The rest is claimed as the firings end, without waiting for the next interval (an hour).
+        await until(lambda: ledger.timers(identity="desk/1") == [])
+        assert sorted(await call(a, "rang")) == sorted(f"r{index}" for index in range(10))  # type: ignore[arg-type]
 
 
 def _every_minute(catch_up: str, next_due: float) -> TimerRow:
