@@ -308,7 +308,9 @@ class StreamHub:
         while True:
             found, gap = self._after(stream, after)
             state = self.state(turn_id)
-            if found or gap or stream.ended or state == "ended":
+            # An ended stream whose ids are not given yet (its reset check is in flight) is waited for.
+            settled = stream.ready or not stream.active
+            if found or gap or (settled and (stream.ended or state == "ended")):
                 return [event.wire() for event in found], state, gap
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:

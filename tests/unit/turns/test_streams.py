@@ -286,3 +286,18 @@ async def test_a_retried_attempt_replays_quietly_after_one_reset(ledger: Ledger,
     # The retry does not emit again what came before the journaled step; what came after it is voided by a reset.
     assert [kind for _, kind in persisted(ledger, envelope.message_id)] == [
         "started", "status", "step", "status", "reset", "status", "completed"]
+
+
+async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_the_whole_stream(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        hub = a.delivery.streams
+        envelope = rf.Envelope(target="w/1", method="plain")
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
+        hub.begin("w/1", envelope.message_id, "plain")
+        hub.emit("w/1", envelope.message_id, "status", "null")  # starts the stream: its reset check is in flight
+        hub.end(envelope.message_id, "completed", {"value": 1})
+        assert not hub._streams[envelope.message_id].ready
+        events, state, _ = await hub.watch("w/1", envelope.message_id, None, 5.0, in_progress=False)
+        assert [event[2] for event in events] == ["started", "status", "completed"] and state == "ended"
