@@ -197,6 +197,7 @@ class StreamHub:
         self._pending: deque[TurnEventRow] = deque()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended: OrderedDict[str, str] = OrderedDict()
         self.written = 0
@@ -415,7 +416,15 @@ class StreamHub:
             await self.flush()
 
     async def flush(self) -> int:
-        """Write every queued event now (in batches); returns how many were written."""
+        """Write every queued event now (in batches); returns how many were written.
+
+        One flush at a time (the writer's, a test's, shutdown's): two would write the same
+        batch and then each take it off the queue.
+        """
+        async with self._flushing:
+            return await self._flush()
+
+    async def _flush(self) -> int:
         written = 0
         while self._pending:
             batch = [self._pending[i] for i in range(min(FLUSH_BATCH, len(self._pending)))]

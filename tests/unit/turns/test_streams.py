@@ -301,3 +301,18 @@ async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_t
         assert not hub._streams[envelope.message_id].ready
         events, state, _ = await hub.watch("w/1", envelope.message_id, None, 5.0, in_progress=False)
         assert [event[2] for event in events] == ["started", "status", "completed"] and state == "ended"
+
+
+async def test_flushes_at_once_write_every_event_once(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
+        hub = a.delivery.streams
+        hub.begin("w/1", "t-many", "many")
+        hub.emit("w/1", "t-many", "first", "null")
+        await until(lambda: hub._streams["t-many"].ready)  # the reset check is done: ids are given at once
+        await hub.flush()
+        for index in range(40):
+            hub.emit("w/1", "t-many", "n", str(index))
+        await asyncio.gather(hub.flush(), hub.flush(), hub.flush())
+        rows = [row for row in ledger.turn_events(identity="w/1", turn_id="t-many") if row.kind == "n"]
+        assert [row.data for row in rows] == [str(index) for index in range(40)]
