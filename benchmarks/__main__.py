@@ -3,7 +3,7 @@
 ``python -m benchmarks --markdown benchmarks/results/latest.json`` runs nothing and prints
 a results file as the Markdown table the README shows.
 
-Each benchmark (B1..B9, see the modules' docstrings and issue 12; B10 to B12, issue 30)
+Each benchmark (B1..B9, see the modules' docstrings and issue 12; B10 to B13, issue 30)
 measures rayfleet beside its raw-Ray baseline in the same process, in interleaved
 rounds after a warm-up, and reports the median over rounds and the spread of both
 sides. Rows are printed as they finish, a table at the end, and everything is written as JSON
@@ -26,13 +26,13 @@ from pathlib import Path
 import ray
 from rich.console import Console
 
-from . import activation, calls, density, failover, scatter, snapshots, spawning, timers, turns, workflows
+from . import activation, calls, density, failover, scatter, snapshots, spawning, streams, timers, turns, workflows
 from ._context import Context, Mode, PostgresLedgers, Unit
 from ._report import Result, failed, line, markdown, show, write
 
 UNITS: tuple[Unit, ...] = (
     *calls.UNITS, *activation.UNITS, *density.UNITS, *scatter.UNITS, *workflows.UNITS, *snapshots.UNITS,
-    *failover.UNITS, *spawning.UNITS, *turns.UNITS, *timers.UNITS,
+    *failover.UNITS, *spawning.UNITS, *turns.UNITS, *timers.UNITS, *streams.UNITS,
 )
 IDS = tuple(dict.fromkeys(unit.id for unit in UNITS))
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"

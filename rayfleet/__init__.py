@@ -58,6 +58,7 @@ from .errors import UnknownDeadLetterError as UnknownDeadLetterError
 from .errors import UnknownHandlerError as UnknownHandlerError
 from .errors import UnknownIdentityError as UnknownIdentityError
 from .errors import UnknownRunError as UnknownRunError
+from .errors import UnknownTurnEventError as UnknownTurnEventError
 from .errors import UsageError as UsageError
 from .errors import WaitTimeoutError as WaitTimeoutError
 from .errors import WorkflowError as WorkflowError
@@ -98,11 +99,14 @@ from .platform._ref import CallOptions as CallOptions
 from .platform._runs_client import RunInfo as RunInfo
 from .platform._runs_client import RunsClient as RunsClient
 from .platform._topology_client import TopologyClient as TopologyClient
+from .platform._turn_handle import TurnHandle as TurnHandle
 from .retry import RetryPolicy as RetryPolicy
 from .roster._apply import ApplyReport as ApplyReport
 from .turns._values import ApprovalInfo as ApprovalInfo
 from .turns._values import Decision as Decision
 from .turns._values import TimerInfo as TimerInfo
+from .turns._values import TurnEvent as TurnEvent
+from .turns._values import TurnInfo as TurnInfo
 from .turns._values import TurnStatus as TurnStatus
 from .workflow._definition import AgentFailure as AgentFailure
 from .workflow._definition import AllOf as AllOf
@@ -230,10 +234,14 @@ __all__ = [
     "StepValueError",
     "TurnError",
     "TurnStatus",
+    "TurnHandle",
+    "TurnInfo",
+    "TurnEvent",
     "Decision",
     "ApprovalInfo",
     "TimerInfo",
     "TurnInterruptedError",
     "UnknownApprovalError",
+    "UnknownTurnEventError",
     "WaitTimeoutError",
 ]

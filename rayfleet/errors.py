@@ -34,7 +34,8 @@ catches one kind of failure without naming every leaf::
     │   ├── AgentBusyError                            a REJECT message found a turn in progress
     │   ├── WaitTimeoutError                          a durable wait (signal, approval) timed out
     │   ├── ApprovalConflictError                     an approval was already decided, or its version moved
-    │   └── UnknownApprovalError (also KeyError)      no approval has that id
+    │   ├── UnknownApprovalError (also KeyError)      no approval has that id
+    │   └── UnknownTurnEventError (also ValueError)   a stream resumed after an id that is not its turn's
     ├── WorkflowError                                 a workflow run
     │   ├── StepFailedError                           a workflow step failed
     │   ├── BudgetExceededError                       a workflow spent more than its budget
@@ -118,6 +119,7 @@ __all__ = [
     "UnknownHandlerError",
     "UnknownIdentityError",
     "UnknownRunError",
+    "UnknownTurnEventError",
     "UsageError",
     "WaitTimeoutError",
     "WorkflowError",
@@ -817,6 +819,32 @@ class UnknownApprovalError(TurnError, KeyError):
             f"there is no approval {approval_id!r}; list pending ones with fleet.approvals.list() "
             f"or `rayfleet approvals list`",
             approval_id=approval_id,
+        )
+
+
+class UnknownTurnEventError(TurnError, ValueError):
+    """A stream was asked to resume after an event id that is not one of its turn's.
+
+    Raised for an id that is not ``<epoch>.<sequence>`` (optionally ``.<delta>``), or that
+    names a persisted event of another turn of the identity.
+
+    Attributes:
+        identity: the agent.
+        turn_id: the turn whose stream was asked for.
+        event_id: the id given.
+        detail: what is wrong with it.
+    """
+
+    identity: str
+    turn_id: str
+    event_id: str
+    detail: str
+
+    def __init__(self, *, identity: str, turn_id: str, event_id: str, detail: str) -> None:
+        super().__init__(
+            f"event id {event_id!r} cannot resume the stream of turn {turn_id!r} of {identity!r}: {detail}. Pass "
+            f"the id of the last event this client got from this turn's stream, or none to read it from its start",
+            identity=identity, turn_id=turn_id, event_id=event_id, detail=detail,
         )
 
 

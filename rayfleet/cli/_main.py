@@ -55,7 +55,7 @@ for command in (
     _agents.status, _agents.list_identities, _agents.send, _agents.pause, _agents.resume, _agents.parked,
     _roster.apply, _roster.roster, _dead_letters.dead_letters, _runs.runs, _topology.topology,
     _hosts.hosts, _hosts.drain, _hosts.undrain, _storage.export, _storage.gc, _gateway.gateway,
-    _standalone.demo, _standalone.bench, _turns.signal, _turns.approvals, _turns.timers,
+    _standalone.demo, _standalone.bench, _turns.turns, _turns.signal, _turns.approvals, _turns.timers,
 ):
     cli.add_command(command)
 

@@ -1,4 +1,5 @@
-"""Commands about durable turns: ``signal``, ``approvals list|show|approve|reject``, ``timers list|fire-now|cancel``."""
+"""Commands about durable turns: ``turns``, ``signal``, ``approvals list|show|approve|reject``,
+``timers list|fire-now|cancel``."""
 
 from __future__ import annotations
 
@@ -28,6 +29,51 @@ def parse_value(ctx: click.Context, param: click.Parameter, text: str | None) ->
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not valid JSON ({error}); e.g. '{{\"eur\": 30}}', 42 or '\"text\"'") from None
+
+
+TURN_COLUMNS = (
+    Column("id", "id"),
+    Column("method", "method"),
+    Column("status", "status"),
+    Column("waiting for", "waiting_for"),
+    Column("started", "started", moment),
+    Column("steps", "steps"),
+)
+
+
+@click.command()
+@click.argument("identity")
+@click.option("--follow", "follow", default=None, metavar="TURN_ID",
+              help="Print the events of this turn as they come (persisted ones, then live ones with deltas) until "
+                   "it ends.")
+@click.option("--after", default=None, metavar="EVENT_ID", help="With --follow: resume after this event id.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many turns.")
+@json_option
+@pass_options
+def turns(options: FleetOptions, identity: str, follow: str | None, after: str | None, limit: int,
+          as_json: bool) -> None:
+    """List the turns of IDENTITY in progress (running or suspended), or follow one turn's stream.
+
+    A turn is listed once it journaled something (a step, a wait, a steering read). With
+    --follow, each event is one line: its id, kind and data (with --json, one JSON object a line).
+    """
+    if after is not None and follow is None:
+        raise click.BadParameter("--after needs --follow TURN_ID", param_hint="--after")
+    with open_fleet(options) as fleet:
+        if follow is not None:
+            for event in fleet.turn_events(identity, follow, after=after):
+                if as_json:
+                    click.echo(json.dumps(jsonable(event), separators=(",", ":")))
+                else:
+                    emit_line(f"{event.id} {event.kind} {json.dumps(event.data)}")
+            return
+        found = fleet.turns(identity, limit=limit)
+    if as_json:
+        emit_json(found)
+        return
+    rows = [{"id": item.id, "method": item.method, "status": item.status.value, "waiting_for": item.waiting_for,
+             "started": item.started, "steps": item.steps} for item in found]
+    emit_table(rows, TURN_COLUMNS, title=f"turns of {identity} in progress", empty="no turns in progress")
 
 
 @click.command()

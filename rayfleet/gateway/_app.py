@@ -13,9 +13,11 @@ import contextlib
 import json
 import logging
 import typing
+import urllib.parse
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 import pydantic
@@ -23,12 +25,14 @@ from aiohttp import web
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .. import __version__
-from ..errors import RayfleetError
+from ..errors import RayfleetError, TurnInterruptedError
 from ..identity._agent import AgentSpec
 from ..identity._names import validate_identity
 from ..identity._values import IdentityEvent
 from ..platform._fleet import Fleet
+from ..platform._turn_handle import TurnHandle
 from ..roster._roster import RosterFile
+from ..turns._values import TurnEvent, TurnInfo, TurnStatus
 from ._auth import bearer_token_matches
 from ._limits import GatewayLimits
 from ._models import (
@@ -56,6 +60,7 @@ from ._models import (
     RunSubmitted,
     SignalRequest,
     SignalSent,
+    StartTurnQuery,
     SubmitRunRequest,
     TimerChanged,
     TimerList,
@@ -63,6 +68,10 @@ from ._models import (
     TimersQuery,
     TopologyExport,
     TopologyQuery,
+    TurnCancelled,
+    TurnEventsQuery,
+    TurnModel,
+    TurnStarted,
 )
 from ._openapi import Operation, PathParameter, build_document
 from ._problems import HttpProblem, problem_for, validation_problem
@@ -88,7 +97,12 @@ class _Gateway:
     policy: ModulePolicy
     limits: GatewayLimits
     closing: asyncio.Event
+    turns: OrderedDict[tuple[str, str], TurnHandle] = field(default_factory=OrderedDict)
+    """Turns this gateway started, by (identity, turn id): their replies and streams (the last ``TURNS_KEPT``)."""
 
+
+TURNS_KEPT = 10_000
+"""Turns started over HTTP whose handles (their replies) the gateway keeps; older ones are read from the ledger."""
 
 GATEWAY = web.AppKey("gateway", _Gateway)
 
@@ -425,6 +439,122 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     return response
 
 
+_HANDLER_NAME = PathParameter(name="method", description="The handler's name.",
+                              schema={"type": "string", "minLength": 1, "maxLength": 200})
+
+
+async def start_turn(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    identity = _identity(request)
+    method = _path_text(request, "method")
+    if not method.isidentifier():
+        raise HttpProblem(400, "ValidationError", f"method must be a handler name, got {method!r}", field="method")
+    query = _query(request, StartTurnQuery)
+    body = await _body(request, required=False)
+    arguments = {} if body is None else body
+    if not isinstance(arguments, dict):
+        raise HttpProblem(400, "ValidationError", f"the body must be a JSON object of the handler's keyword "
+                          f"arguments, got {type(arguments).__name__}", field="body")
+    reserved = sorted(set(arguments) & CALL_OPTIONS)
+    if reserved:
+        raise HttpProblem(400, "ValidationError", f"handler arguments named {', '.join(reserved)} cannot be passed "
+                          f"over HTTP: these names are call options", field=f"body.{reserved[0]}")
+    await _off_loop(gateway.fleet.status, identity)  # an unknown identity is a 404 now, not a failed turn later
+    handle = gateway.fleet.agent(identity).start(method, mode=query.mode, **arguments)
+    gateway.turns[(identity, handle.id)] = handle
+    while len(gateway.turns) > TURNS_KEPT:
+        gateway.turns.popitem(last=False)
+    path = f"/v1/agents/{urllib.parse.quote(identity, safe='')}/turns/{handle.id}/events"
+    return _respond(TurnStarted(identity=identity, method=method, turn_id=handle.id, events=path), status=202)
+
+
+def _unknown_turn(identity: str, turn_id: str) -> HttpProblem:
+    return HttpProblem(404, "UnknownTurnError", f"no turn {turn_id!r} of {identity!r} is known: it was not started "
+                       f"here and has no journal or stream in the ledger (or they passed their retention)",
+                       field="turn_id")
+
+
+async def get_turn(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    identity = _identity(request)
+    turn_id = _path_text(request, "turn_id")
+    handle = gateway.turns.get((identity, turn_id))
+    info = await _off_loop(gateway.fleet.turn, identity, turn_id)
+    if handle is not None and handle.done():
+        try:
+            value = _jsonable(handle.result(timeout=0), what=f"handler {handle.method!r} of {identity!r}")
+        except RayfleetError as error:
+            status = TurnStatus.INTERRUPTED if isinstance(error, TurnInterruptedError) else TurnStatus.FAILED
+            failed = TurnInfo(id=turn_id, identity=identity, method=handle.method, status=status, error=str(error))
+            return _respond(TurnModel.of(failed))
+        ended = TurnInfo(id=turn_id, identity=identity, method=handle.method, status=TurnStatus.COMPLETED,
+                         started=0.0 if info is None else info.started, updated=0.0 if info is None else info.updated,
+                         steps=0 if info is None else info.steps)
+        return _respond(TurnModel.of(ended, value))
+    if info is None:
+        if handle is None:
+            raise _unknown_turn(identity, turn_id)
+        info = TurnInfo(id=turn_id, identity=identity, method=handle.method, status=TurnStatus.RUNNING)
+    return _respond(TurnModel.of(info))
+
+
+async def turn_events(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events of one turn: ``id: <event id>``, ``event: <kind>``, ``data: <JSON of rf.TurnEvent>``."""
+    gateway = _gateway(request)
+    identity = _identity(request)
+    turn_id = _path_text(request, "turn_id")
+    after = request.headers.get("Last-Event-ID") or _query(request, TurnEventsQuery).after
+    handle = gateway.turns.get((identity, turn_id))
+    await _off_loop(gateway.fleet.status, identity)  # an unknown identity is a JSON 404, not an empty stream
+    # ``after`` is checked here, before the stream opens: an id of another turn is a JSON 400.
+    stream = await _off_loop(handle.aevents, after) if handle is not None else await _off_loop(
+        gateway.fleet.aturn_events, identity, turn_id, after=after)
+    pending: asyncio.Future[Any] = asyncio.ensure_future(stream.__anext__())
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    await response.write(b": stream open\n\n")
+    closing: asyncio.Future[Any] = asyncio.ensure_future(gateway.closing.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending, closing}, timeout=gateway.limits.sse_heartbeat,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if closing in done:
+                break
+            if pending not in done:
+                await response.write(b": keep-alive\n\n")
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                break
+            await response.write(_turn_sse(event))
+            pending = asyncio.ensure_future(stream.__anext__())
+    except (ConnectionResetError, ConnectionError):
+        pass  # the client went away
+    finally:
+        closing.cancel()
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, RayfleetError):
+            await pending
+        await typing.cast(AsyncGenerator[TurnEvent, None], stream).aclose()
+    return response
+
+
+def _turn_sse(event: TurnEvent) -> bytes:
+    data = json.dumps(to_jsonable_python(asdict(event)), separators=(",", ":"))
+    return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+
+
+async def cancel_turn(request: web.Request) -> web.Response:
+    gateway = _gateway(request)
+    identity = _identity(request)
+    turn_id = _path_text(request, "turn_id")
+    await _off_loop(gateway.fleet.status, identity)
+    cancelled = await _off_loop(gateway.fleet.cancel_turn, identity, turn_id)
+    return _respond(TurnCancelled(identity=identity, turn_id=turn_id, cancelled=cancelled))
+
+
 def _sse_message(event: IdentityEvent) -> bytes:
     data = json.dumps(to_jsonable_python(asdict(event)), separators=(",", ":"))
     return f"event: {event.kind.value}\ndata: {data}\n\n".encode()
@@ -613,6 +743,14 @@ _EVENT_SCHEMA: Mapping[str, Any] = {
                    "the stream alive.",
 }
 
+_TURN_ID = PathParameter(name="turn_id", description="The turn's id (from its start).",
+                         schema={"type": "string", "minLength": 1, "maxLength": MAX_PATH_VALUE})
+_TURN_EVENT_SCHEMA: Mapping[str, Any] = {
+    "type": "string",
+    "description": "Server-Sent Events: 'id: <event id>', 'event: <kind>' and 'data: <JSON of rf.TurnEvent>' "
+                   "(id, turn_id, kind, data, at, persisted) per event; comment lines keep the stream alive.",
+}
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(method="GET", path="/openapi.json", handler=openapi_json, operation_id="openapi", tag="meta",
               summary="This OpenAPI 3.1 document.", response_schema={"type": "object"}, public=True,
@@ -639,6 +777,31 @@ OPERATIONS: tuple[Operation, ...] = (
               tag="agents", summary="Server-Sent Events of one identity, from now on.",
               path_parameters=(_IDENTITY,), response_media="text/event-stream", response_schema=dict(_EVENT_SCHEMA),
               error_statuses=(400, 404, 503)),
+    Operation(method="POST", path="/v1/agents/{identity}/turns/{method}", handler=start_turn,
+              operation_id="startTurn", tag="turns",
+              summary="Start a turn of a handler (the body is a JSON object of its keyword arguments); 202 with its "
+                      "id, at once.",
+              path_parameters=(_IDENTITY, _HANDLER_NAME), query=StartTurnQuery, body="object", success=202,
+              response=TurnStarted, error_statuses=(400, 401, 404, 413, 415, 503)),
+    Operation(method="GET", path="/v1/agents/{identity}/turns/{turn_id}", handler=get_turn, operation_id="getTurn",
+              tag="turns", summary="One turn's status (and its value once completed, for turns started here).",
+              path_parameters=(_IDENTITY, _TURN_ID), response=TurnModel, error_statuses=(400, 401, 404, 502, 503)),
+    Operation(method="GET", path="/v1/agents/{identity}/turns/{turn_id}/events", handler=turn_events,
+              operation_id="turnEvents", tag="turns",
+              summary="Server-Sent Events of one turn: every persisted event after Last-Event-ID, then live ones.",
+              description="Each message has 'id: <epoch>.<seq>' (deltas: '<epoch>.<seq>.<n>'), 'event: <kind>' and "
+                          "'data: <JSON of rf.TurnEvent>'. Reconnect with the Last-Event-ID header (or ?after=) to "
+                          "resume; an id of another turn is refused with 400. The stream ends after the turn's "
+                          "completed, failed or interrupted event.",
+              path_parameters=(_IDENTITY, _TURN_ID), query=TurnEventsQuery,
+              headers=(("Last-Event-ID", "Resume after this event id.",
+                        {"type": "string", "maxLength": 100}),),
+              response_media="text/event-stream", response_schema=dict(_TURN_EVENT_SCHEMA),
+              error_statuses=(400, 401, 404, 503)),
+    Operation(method="POST", path="/v1/agents/{identity}/turns/{turn_id}/cancel", handler=cancel_turn,
+              operation_id="cancelTurn", tag="turns",
+              summary="Interrupt a turn in progress: it ends INTERRUPTED and nothing of it commits.",
+              path_parameters=(_IDENTITY, _TURN_ID), response=TurnCancelled, error_statuses=(400, 401, 404, 503)),
     Operation(method="POST", path="/v1/agents/{identity}/signals/{name}", handler=send_signal,
               operation_id="sendSignal", tag="agents",
               summary="Send a durable signal: it resumes the turn waiting for it, or is kept until one waits.",

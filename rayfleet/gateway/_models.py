@@ -19,7 +19,7 @@ from ..platform._runs_client import RunInfo
 from ..roster._apply import ApplyReport
 from ..topology._graph import Edge, LiveEdge
 from ..topology._reconcile import ReconcileReport
-from ..turns._values import ApprovalInfo, TimerInfo
+from ..turns._values import ApprovalInfo, TimerInfo, TurnInfo
 from ..workflow._definition import RunStatus
 
 _DOTTED_NAME = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -46,6 +46,21 @@ class CallQuery(_Request):
     )
     mode: Literal["queue", "steer", "interrupt", "reject"] | None = pydantic.Field(
         default=None, description="What the call does if the agent has a turn in progress (default: its on_busy).")
+
+
+class StartTurnQuery(_Request):
+    """Query of a turn's start."""
+
+    mode: Literal["queue", "steer", "interrupt", "reject"] | None = pydantic.Field(
+        default=None, description="What the message does if the agent has a turn in progress (default: its on_busy).")
+
+
+class TurnEventsQuery(_Request):
+    """Query of a turn's event stream."""
+
+    after: str | None = pydantic.Field(
+        default=None, min_length=1, max_length=100, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$",
+        description="Resume after this event id (as the Last-Event-ID header, which wins when both are given).")
 
 
 class ListAgentsQuery(_Request):
@@ -440,3 +455,41 @@ class TimerChanged(_Response):
     name: str
     due_now: bool = False
     cancelled: bool = False
+
+
+class TurnStarted(_Response):
+    """A turn was started; follow it at ``events``."""
+
+    identity: str
+    method: str
+    turn_id: str
+    events: str = pydantic.Field(description="The path of its event stream (Server-Sent Events).")
+
+
+class TurnModel(_Response):
+    """One turn (rf.TurnInfo), with its value once this gateway saw it complete."""
+
+    id: str
+    identity: str
+    method: str
+    status: Literal["RUNNING", "SUSPENDED", "COMPLETED", "FAILED", "INTERRUPTED"]
+    waiting_for: str = ""
+    wake_at: float | None = None
+    started: float = 0.0
+    updated: float = 0.0
+    steps: int = 0
+    error: str = ""
+    value: Any = pydantic.Field(default=None, description="The handler's value (COMPLETED turns this gateway "
+                                                          "started; otherwise null).")
+
+    @classmethod
+    def of(cls, info: TurnInfo, value: Any = None) -> TurnModel:
+        return cls(id=info.id, identity=info.identity, method=info.method, status=info.status.value,
+                   waiting_for=info.waiting_for, wake_at=info.wake_at, started=info.started, updated=info.updated,
+                   steps=info.steps, error=info.error, value=value)
+
+
+class TurnCancelled(_Response):
+    identity: str
+    turn_id: str
+    cancelled: bool = pydantic.Field(description="Whether the turn was in progress and is now interrupted.")

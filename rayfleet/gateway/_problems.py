@@ -37,6 +37,7 @@ from ..errors import (
     UnknownHandlerError,
     UnknownIdentityError,
     UnknownRunError,
+    UnknownTurnEventError,
     UsageError,
     is_retryable,
 )
@@ -83,6 +84,7 @@ _STATUSES: tuple[tuple[type[RayfleetError], int, str | None], ...] = (
     (UnknownRunError, 404, "run_id"),
     (UnknownDeadLetterError, 404, "letter_id"),
     (UnknownApprovalError, 404, "approval_id"),
+    (UnknownTurnEventError, 400, "event_id"),
     (ApprovalConflictError, 409, "approval_id"),
     (NotAddressableError, 403, "identity"),
     (DeadlineExceededError, 504, "timeout"),

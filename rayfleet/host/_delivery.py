@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 import logging
 import time
 import traceback
@@ -88,6 +89,7 @@ from ..turns._values import TurnStatus
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
+from ._streams import RESET, SUSPENDED, StreamHub, TurnEvents, parse_event_id
 
 if TYPE_CHECKING:
     from ..ledger._contract import LedgerClient
@@ -258,6 +260,7 @@ class Delivery:
             ``time.time`` unless a test moves time by hand.
         metrics: where messages, dead letters and parked messages are counted.
         journal_files: where durable turns keep step values over the spill threshold.
+        streams: the host's turn streams (a new hub over ``ledger`` if not given).
     """
 
     def __init__(
@@ -270,8 +273,12 @@ class Delivery:
         wall_clock: Callable[[], float] = time.time,
         metrics: HostMetrics = NO_METRICS,
         journal_files: JournalFileStore | None = None,
+        streams: StreamHub | None = None,
     ) -> None:
         self._entries = entries
+        self.streams = streams if streams is not None else StreamHub(
+            ledger=ledger, token_of=lambda identity: _token_of(entries, identity), wall_clock=wall_clock,
+            metrics=metrics)
         self._journal_files = journal_files
         self._metrics = metrics
         self._ledger = ledger
@@ -422,7 +429,56 @@ class Delivery:
         entry.suspended_turn = None
         entry.suspended_key = None
         self._metrics.turn_event(entry.agent_class, "interrupted")
+        if await self._reopen_stream(entry, turn_id):
+            self.streams.end(turn_id, "interrupted", {"by": by})
         self._settle(turn_id, error=interrupted)
+
+    async def _reopen_stream(self, entry: HostedAgent, turn_id: str) -> bool:
+        try:
+            return await self.streams.reopen(entry.spec.identity, turn_id)
+        except Exception as error:  # noqa: BLE001 - the stream misses its end; the turn's outcome stands
+            log.warning("could not read the stream of turn %s of %s: %s", turn_id, entry.spec.identity, error)
+            return False
+
+    async def watch_turn(self, identity: str, turn_id: str, after: str | None,
+                         wait: float) -> tuple[list[tuple[str, str, str, str, float, bool]], str, bool]:
+        """The events of turn ``turn_id`` after event id ``after`` that this host has, waiting up to ``wait``.
+
+        The identity is activated here if it is hosted nowhere (``OwnedElsewhere`` if another
+        host owns it). Watching a turn starts its stream (with its boundary events) from
+        now on. Returns ``(events, state, gap)`` as ``StreamHub.watch`` does: events as
+        ``(id, turn id, kind, JSON data, at, persisted)``.
+        """
+        entry = await self._entry(identity)
+        key = None if after is None else parse_event_id(after)
+        if entry.suspended_turn == turn_id and entry.running_turn != turn_id:
+            await self._reopen_stream(entry, turn_id)
+        in_progress = turn_id in (entry.running_turn, entry.suspended_turn)
+        return await self.streams.watch(identity, turn_id, key, wait, in_progress=in_progress)
+
+    async def cancel_turn(self, identity: str, turn_id: str) -> bool:
+        """Interrupt turn ``turn_id`` of ``identity`` if it is in progress here (``TurnHandle.cancel``).
+
+        A running turn stops at its next await and a suspended one ends at once, both as an
+        ``INTERRUPTED`` turn whose caller gets ``TurnInterruptedError`` (the ``interrupt``
+        handling mode's path); what was queued behind a suspended turn then runs. Returns
+        whether the turn was in progress here (``False``: not started yet, ended, or elsewhere).
+
+        Raises:
+            LeaseLostError: the end of a suspended turn was refused (the identity moved).
+        """
+        entry = await self._entry(identity)
+        if entry.running_turn == turn_id:
+            self._interrupt_running(entry, turn_id, by="cancel")
+            return True
+        if entry.suspended_turn != turn_id:
+            return False
+        async with entry.turn_lock:
+            if entry.suspended_turn != turn_id:
+                return False
+            await self._interrupt_suspended(entry, by="cancel")
+            self._open_mailbox(entry)
+        return True
 
     async def _steer(self, entry: HostedAgent, envelope: Envelope) -> TurnResult | None:
         """Give ``envelope`` to the running turn (``self.steering()``); the reply of the turn it joined.
@@ -646,22 +702,30 @@ class Delivery:
         else:
             self._metrics.turn_event(entry.agent_class, "resumed")
         await self._activations.ensure_healthy_lease(entry)
-        turn = TurnContext(identity=envelope.target, turn_id=envelope.message_id, method=envelope.method,
+        turn_id, streams = envelope.message_id, self.streams
+        turn = TurnContext(identity=envelope.target, turn_id=turn_id, method=envelope.method,
                            envelope=lambda: cloudpickle.dumps(dataclasses.replace(envelope, wake=False)),
-                           port=_HostJournal(self, entry), wall_clock=self._wall_clock)
-        entry.running_turn = envelope.message_id
-        if envelope.message_id in (entry.suspended_turn, entry.recovered_turn):
+                           port=_HostJournal(self, entry), wall_clock=self._wall_clock,
+                           stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class))
+        entry.running_turn = turn_id
+        streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
+        if turn_id in (entry.suspended_turn, entry.recovered_turn):
             # A turn with a journal: read it first, so a replay's steering reads come from it too.
             await turn.load()
+            await streams.resume(envelope.target, turn_id)
         try:
             value, usage = await self._run_with_retries(entry, envelope, info, bound, turn)
         except TurnSuspended as suspended:
             self._suspend(entry, envelope, suspended)
+            streams.boundary(envelope.target, turn_id, SUSPENDED,
+                             {"waiting_for": suspended.waiting_for, "wake_at": suspended.wake_at})
+            streams.end(turn_id, "")
             result = TurnResult(value=None, usage=Usage(), checkpoint_version=entry.checkpoint_version,
                                 suspended=True)
             self._end_steering(entry, envelope.message_id, result=result)
             return result
         except BaseException as error:
+            streams.end(turn_id, _stream_end(error), {"error": str(error)[:2000]})
             self._end_steering(entry, envelope.message_id, error=error)
             raise
         finally:
@@ -671,6 +735,7 @@ class Delivery:
                 self._metrics.turn_event(entry.agent_class, "step", turn.steps_run)
         if entry.dropped:
             # The lease went while the handler ran: its State is not this host's to reply with.
+            streams.end(turn_id, "")
             raise LeaseLostError(identity=envelope.target, detail="the lease was lost during the turn; retry the call")
         # A durable turn commits at its end whatever the durability: its completion (and
         # the end of its journal) is written in the transaction of its final State.
@@ -699,8 +764,10 @@ class Delivery:
             try:
                 step = await self._activations.commit(entry)
             except BaseException as error:
+                streams.end(turn_id, "")
                 self._end_steering(entry, envelope.message_id, error=error)
                 raise
+        streams.end(turn_id, "completed", _completed_data(value) if streams.has(turn_id) else None)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
         return result
@@ -815,6 +882,8 @@ class Delivery:
                 self.counters.handler_errors += 1
                 retry = is_retryable(error) and attempt + 1 < policy.max_attempts
                 if retry:
+                    # The retry replays the journal; what the failed attempt streamed after it is void.
+                    self.streams.boundary(envelope.target, envelope.message_id, RESET, {"retry": attempt + 1})
                     await asyncio.sleep(policy.delay_after(error, attempt))
                     continue
                 failure = HandlerError(
@@ -1038,6 +1107,32 @@ class Delivery:
                     hint="The message was parked and then cancelled; it is in the dead-letter log.",
                 ))
         return count
+
+
+def _token_of(entries: Mapping[str, HostedAgent], identity: str) -> int | None:
+    entry = entries.get(identity)
+    return None if entry is None or entry.dropped else entry.grant.fencing_token
+
+
+def _stream_end(error: BaseException) -> str:
+    """How a turn that raised ends its stream: ``interrupted``, ``failed``, or ``""`` (not over: it is retried)."""
+    if isinstance(error, TurnInterruptedError):
+        return "interrupted"
+    if isinstance(error, (HandlerError, UnknownHandlerError, InvalidArgumentsError, UsageError)):
+        return "failed"
+    return ""
+
+
+COMPLETED_VALUE_BYTES = 16 * 1024
+"""The largest reply (as JSON) a stream's ``completed`` event carries; a larger or non-JSON one is left out."""
+
+
+def _completed_data(value: Any) -> dict[str, Any]:
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {}
+    return {"value": value} if len(text) <= COMPLETED_VALUE_BYTES else {}
 
 
 def _answer_with(waiter: asyncio.Future[TurnResult], source: asyncio.Future[TurnResult]) -> None:

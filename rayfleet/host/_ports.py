@@ -44,8 +44,9 @@ class MessageOutcome(str, enum.Enum):
     """Anything else (the ledger or storage failed, a bug)."""
 
 
-TURN_EVENTS = ("step", "suspended", "resumed", "completed", "failed", "interrupted")
-"""What ``rayfleet_turn_events`` counts of durable turns (its ``event`` tag)."""
+TURN_EVENTS = ("step", "suspended", "resumed", "completed", "failed", "interrupted", "emitted", "delta")
+"""What ``rayfleet_turn_events`` counts of durable turns (its ``event`` tag): ``emitted`` and ``delta`` count
+``self.emit`` and ``self.emit_delta`` (turn streams)."""
 
 
 class HostMetrics(Protocol):

@@ -265,6 +265,14 @@ ACQUIRE_BATCH = 100
 """Most identities one acquire call (one ledger transaction) carries; a larger queue goes in several."""
 
 WAKE_INTERVAL = 1.0
+STREAM_RETENTION = 24 * 3600.0
+"""Default seconds a finished turn's stream is kept (``HostRuntime(stream_retention=)``,
+``RAYFLEET_STREAM_RETENTION`` for a fleet's hosts)."""
+STREAM_SWEEP_INTERVAL = 60.0
+"""Seconds between a host's sweeps of finished streams past their retention."""
+STREAM_SWEEP_BATCH = 1000
+"""Streams forgotten per ledger transaction; a sweep takes at most ``STREAM_SWEEP_BATCHES`` of them."""
+STREAM_SWEEP_BATCHES = 10
 """Seconds between a host's sweeps for suspended turns whose wake came. A sleep within
 ``LOCAL_WAKE_HORIZON`` wakes on time by its host's own timer; the sweep is for the rest
 (long waits, signals, and turns whose host went away)."""
@@ -411,9 +419,13 @@ class HostRuntime:
         metrics: HostMetrics = NO_METRICS,
         inline_limit: int = INLINE_STATE_BYTES,
         wake_interval: float = WAKE_INTERVAL,
+        stream_retention: float = STREAM_RETENTION,
     ) -> None:
         self.name = name
         self.wake_interval = wake_interval
+        self.stream_retention = stream_retention
+        """Seconds a finished turn's stream is kept in the ledger (see :meth:`sweep_streams`)."""
+        self._next_stream_sweep = 0.0
         self._wall_clock = wall_clock
         self._metrics = metrics
         self.holder = f"{name}@{incarnation or format(random.getrandbits(32), '08x')}"
@@ -494,6 +506,7 @@ class HostRuntime:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await self._committer.stop()
+        await self.delivery.streams.close()
 
     def _spawn(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run ``work`` in the background, owned by this runtime until it finishes or shutdown."""
@@ -1352,6 +1365,9 @@ class HostRuntime:
         or suspended again).
         """
         woken = 0
+        if self._clock() >= self._next_stream_sweep:
+            self._next_stream_sweep = self._clock() + STREAM_SWEEP_INTERVAL
+            await self.sweep_streams()
         while not self.draining:
             due = await self._ledger.claim_wakes(limit=WAKE_BATCH, claim_for=WAKE_CLAIM_SECONDS)
             for wake in due:
@@ -1380,6 +1396,24 @@ class HostRuntime:
         if self._firing_saturated and len(self._firing) <= FIRING_LIMIT // 2:
             self._firing_saturated = False
             self._sweep_now.set()
+
+    async def sweep_streams(self) -> int:
+        """Forget the streams of turns that ended more than ``stream_retention`` seconds ago; returns how many.
+
+        Bounded: at most ``STREAM_SWEEP_BATCH x STREAM_SWEEP_BATCHES`` streams a sweep, found
+        through the ledger's index on end events (the rest wait for the next sweep). Never raises.
+        """
+        forgotten = 0
+        try:
+            for _ in range(STREAM_SWEEP_BATCHES):
+                batch = await self._ledger.purge_turn_events(
+                    ended_before=self._wall_clock() - self.stream_retention, limit=STREAM_SWEEP_BATCH)
+                forgotten += batch
+                if batch < STREAM_SWEEP_BATCH:
+                    break
+        except Exception as error:  # noqa: BLE001 - the next sweep tries again
+            log.warning("%s: the sweep of finished turn streams failed: %s", self.name, error)
+        return forgotten
 
     async def _deliver(self, envelope: Envelope) -> Any:
         """Deliver a platform message (a wake, a timer's firing) to its identity's owner, here or elsewhere."""

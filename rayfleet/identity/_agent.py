@@ -227,6 +227,39 @@ class Agent:
         """
         return current_turn("steering").steering()
 
+    def emit(self, kind: str, data: Any = None) -> None:
+        """Add an event to this turn's stream, persisted: every client reading the stream gets it once.
+
+        Drivers read it with ``ref.start(...).events()`` / ``.aevents()`` or ``ref.stream(...)``,
+        HTTP clients as server-sent events. Its id is ``<owner epoch>.<sequence>``; a client
+        that reconnects after its last id gets every persisted event after it. The event is
+        delivered live at once and written to the ledger by the host's group commit, fenced
+        by this owner's token (a host that lost the identity cannot append). Not journaled,
+        but a turn replaying its journal (resumed after a suspension, or on a new owner)
+        emits nothing until it passes its last journaled step or wait: the stream already
+        has those events. What a turn cut off by a failover emitted after that point it
+        emits again on its new owner, after one ``reset`` event.
+
+        Raises:
+            UsageError: outside a handler's turn; ``kind`` empty or one the platform writes
+                (``started``, ``step``, ``completed``, ``delta``, ``reset``, ...); ``data`` not
+                JSON or over 64 KiB encoded.
+        """
+        current_turn("emit").emit(kind, data)
+
+    def emit_delta(self, text: str) -> None:
+        """Add an ephemeral delta (a model token, a fragment of text) to this turn's stream.
+
+        Delivered live only, never persisted: a client that reconnects gets the persisted
+        events it missed but not the deltas. After a failover the stream carries one
+        ``reset`` event, so a client drops the partial text it showed rather than
+        interleave two hosts' deltas.
+
+        Raises:
+            UsageError: outside a handler's turn, or ``text`` is not a string.
+        """
+        current_turn("emit_delta").emit_delta(text)
+
     async def remind(self, name: str, /, *, method: str | Callable[..., Any], at: float | None = None,
                      after: float | None = None, every: float | None = None,
                      payload: Mapping[str, Any] | None = None, **arguments: Any) -> None:

@@ -29,6 +29,7 @@ from ._turn_rows import TurnEnd as TurnEnd
 from ._turn_rows import TurnEntry as TurnEntry
 from ._turn_rows import TurnEntryKind as TurnEntryKind
 from ._turn_rows import TurnEntryState as TurnEntryState
+from ._turn_rows import TurnEventRow as TurnEventRow
 from ._turn_rows import TurnRecord as TurnRecord
 from ._turn_rows import TurnWake as TurnWake
 from ._turn_rows import TurnWrite as TurnWrite
@@ -92,6 +93,7 @@ __all__ = [
     "StoredMessage",
     "TimerRow",
     "TopologySnapshot",
+    "TurnEventRow",
     "TurnRecord",
     "TurnWake",
 ]

@@ -30,6 +30,7 @@ from ._turn_rows import (
     TimerRow,
     TimerSpec,
     TurnEnd,
+    TurnEventRow,
     TurnRecord,
     TurnWake,
     TurnWrite,
@@ -399,6 +400,28 @@ class LedgerClient(Protocol):
 
     def purge_turns(self, *, ended_before: float, limit: int = 10_000) -> LedgerCall[int]:
         """Forget ended turns last changed before ``ended_before``; returns how many."""
+        ...
+
+    # -- turn streams
+    def append_turn_events(self, *, events: Sequence[TurnEventRow]) -> LedgerCall[list[str]]:
+        """Persist stream events of many identities, each fenced by its epoch; returns the identities refused."""
+        ...
+
+    def turn_events(self, *, identity: str, turn_id: str, after_epoch: int = 0, after_seq: int = 0,
+                    limit: int = 1000) -> LedgerCall[list[TurnEventRow]]:
+        """A turn's persisted events after ``after_epoch.after_seq``, oldest first."""
+        ...
+
+    def last_turn_event(self, *, identity: str, turn_id: str) -> LedgerCall[TurnEventRow | None]:
+        """A turn's latest persisted event, or ``None``."""
+        ...
+
+    def turn_event_owner(self, *, identity: str, epoch: int, seq: int) -> LedgerCall[str | None]:
+        """The turn whose persisted event is ``epoch.seq``, or ``None``."""
+        ...
+
+    def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
+        """Forget the streams of at most ``limit`` turns ended before ``ended_before``; returns how many."""
         ...
 
     def add_dead_letter(

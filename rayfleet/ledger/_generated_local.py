@@ -9,7 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ._contract import LedgerCall
 from ._local_transport import LocalTransport
-from ._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnRecord, TurnWake, TurnWrite
+from ._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
 from ._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 
 
@@ -287,6 +287,26 @@ class LocalOperations(LocalTransport):
 
     def purge_turns(self, *, ended_before: float, limit: int = 10000) -> LedgerCall[int]:
         return self._run(self.ledger.purge_turns, ended_before=ended_before, limit=limit)
+
+    def append_turn_events(self, *, events: Sequence[TurnEventRow]) -> LedgerCall[list[str]]:
+        return self._run(self.ledger.append_turn_events, events=events)
+
+    def turn_events(
+        self, *, identity: str, turn_id: str, after_epoch: int = 0, after_seq: int = 0, limit: int = 1000,
+    ) -> LedgerCall[list[TurnEventRow]]:
+        return self._run(
+            self.ledger.turn_events, identity=identity, turn_id=turn_id, after_epoch=after_epoch, after_seq=after_seq,
+            limit=limit,
+        )
+
+    def last_turn_event(self, *, identity: str, turn_id: str) -> LedgerCall[TurnEventRow | None]:
+        return self._run(self.ledger.last_turn_event, identity=identity, turn_id=turn_id)
+
+    def turn_event_owner(self, *, identity: str, epoch: int, seq: int) -> LedgerCall[str | None]:
+        return self._run(self.ledger.turn_event_owner, identity=identity, epoch=epoch, seq=seq)
+
+    def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
+        return self._run(self.ledger.purge_turn_events, ended_before=ended_before, limit=limit)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

@@ -33,6 +33,7 @@ from . import (
     _runs,
     _signals,
     _timers,
+    _turn_events,
     _turns,
     _views,
 )
@@ -59,6 +60,7 @@ from ._turn_rows import (
     TimerRow,
     TimerSpec,
     TurnEnd,
+    TurnEventRow,
     TurnRecord,
     TurnWake,
     TurnWrite,
@@ -852,6 +854,39 @@ class Ledger:
     def purge_turns(self, *, ended_before: float, limit: int = 10_000) -> int:
         """Forget at most ``limit`` ended turns last changed before ``ended_before``; returns how many."""
         return self._db.write(lambda tx: _turns.purge(tx, ended_before=ended_before, limit=limit))
+
+    # -- turn streams
+
+    def append_turn_events(self, *, events: Sequence[TurnEventRow]) -> list[str]:
+        """Persist stream events of any identities in one transaction; returns the identities refused.
+
+        An event is written only if its ``epoch`` is its identity's current fencing token
+        (a zombie cannot append); the refused identities' events are not written, the
+        others' are. Writing an event that is already there changes nothing.
+        """
+        if not events:
+            return []
+        return self._db.write(lambda tx: _turn_events.append(tx, events))
+
+    def turn_events(self, *, identity: str, turn_id: str, after_epoch: int = 0, after_seq: int = 0,
+                    limit: int = 1000) -> list[TurnEventRow]:
+        """The persisted events of a turn after ``(after_epoch, after_seq)``, oldest first, at most ``limit``."""
+        if limit <= 0:
+            raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
+        return self._db.read(lambda tx: _turn_events.after(tx, identity=identity, turn_id=turn_id, epoch=after_epoch,
+                                                           seq=after_seq, limit=limit))
+
+    def last_turn_event(self, *, identity: str, turn_id: str) -> TurnEventRow | None:
+        """The latest persisted event of a turn, or ``None``."""
+        return self._db.read(lambda tx: _turn_events.last(tx, identity=identity, turn_id=turn_id))
+
+    def turn_event_owner(self, *, identity: str, epoch: int, seq: int) -> str | None:
+        """The turn whose persisted event is ``epoch.seq``, or ``None`` if none is kept."""
+        return self._db.read(lambda tx: _turn_events.owner_of(tx, identity=identity, epoch=epoch, seq=seq))
+
+    def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> int:
+        """Forget the streams of at most ``limit`` turns that ended before ``ended_before``; returns how many."""
+        return self._db.write(lambda tx: _turn_events.purge(tx, ended_before=ended_before, limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int

@@ -380,4 +380,21 @@ CREATE INDEX IF NOT EXISTS approvals_of_identity ON approvals(identity);
 );
 CREATE INDEX IF NOT EXISTS timers_by_due ON timers(next_due);
 """),
+    # 14: turn streams. One row per persisted event, keyed by the owner epoch (the fencing
+    # token it was written under) and its sequence in that epoch; read by turn in order;
+    # ended turns' streams found for retention through the partial index on their end events.
+    Migration("""CREATE TABLE IF NOT EXISTS turn_events (
+    identity TEXT NOT NULL,
+    epoch {int} NOT NULL,
+    seq {int} NOT NULL,
+    turn_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at {real} NOT NULL,
+    PRIMARY KEY (identity, epoch, seq)
+);
+CREATE INDEX IF NOT EXISTS turn_events_of_turn ON turn_events(identity, turn_id, epoch, seq);
+CREATE INDEX IF NOT EXISTS turn_events_ended ON turn_events(at)
+    WHERE kind IN ('completed', 'failed', 'interrupted');
+"""),
 )

@@ -231,3 +231,22 @@ class TimerFired:
     """Scheduled times skipped by the catch-up policy."""
     lateness: float = 0.0
     late: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnEventRow:
+    """One persisted event of a turn's stream (table ``turn_events``).
+
+    Its place is ``(epoch, seq)``: ``epoch`` is the fencing token of the owner that wrote
+    it (the write is refused unless it is the identity's current token) and ``seq`` its
+    sequence among that owner's events of the identity, so an id names one event of one
+    turn. ``data`` is the event's JSON text.
+    """
+
+    identity: str
+    turn_id: str
+    epoch: int
+    seq: int
+    kind: str
+    data: str
+    at: float

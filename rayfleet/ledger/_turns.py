@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import _leases
+from . import _leases, _turn_events
 from ._store import Row, StoreClock, Transaction
 from ._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState, TurnRecord, TurnWake, TurnWrite
 
@@ -186,6 +186,7 @@ def drop(tx: Transaction, identity: str) -> None:
     """Forget every turn of a deleted identity."""
     tx.execute("DELETE FROM turn_steps WHERE identity = ?", (identity,))
     tx.execute("DELETE FROM turns WHERE identity = ?", (identity,))
+    _turn_events.drop(tx, identity)
 
 
 def _record(row: Row, entries: tuple[TurnEntry, ...], steps: int) -> TurnRecord:

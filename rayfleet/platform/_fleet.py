@@ -8,7 +8,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -49,7 +49,7 @@ from ..roster._apply import ApplyReport
 from ..roster._roster import RosterChange, load_roster, plan_roster, validate_roster
 from ..turns._context import encode_signal
 from ..turns._timers import timer_info
-from ..turns._values import TimerInfo
+from ..turns._values import TimerInfo, TurnEvent, TurnInfo
 from ..workflow._definition import Workflow, WorkflowOutcome
 from ..workflow._waits import signal_waiter_identity
 from ._approvals_client import ApprovalsClient
@@ -73,6 +73,7 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
+from ._turn_handle import aread_events, cancel_turn, read_events, turn_info, turn_status
 from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
@@ -577,6 +578,45 @@ class Fleet:
         return self.signal(identity, name, value, signal_id=signal_id)
 
     # -- reminders and schedules --------------------------------------------------------
+
+    def turns(self, identity: str, *, limit: int = 100) -> list[TurnInfo]:
+        """The turns of ``identity`` in progress (running or suspended), newest first.
+
+        Listed from the ledger: a turn is there once it journaled something (a step, a
+        wait, a steering read); a turn that journals nothing is atomic and is not listed.
+        The stream of any turn is read with ``ref.start(...).events()`` or over HTTP.
+
+        Raises:
+            UnknownIdentityError: no identity of that name exists.
+        """
+        view_of(self._ledger, validate_identity(identity))  # UnknownIdentityError for an identity that is not
+        rows = self._ledger.turns(identity=identity, limit=limit).result()
+        return [turn_info(row) for row in rows]
+
+    def turn(self, identity: str, turn_id: str) -> TurnInfo | None:
+        """What the ledger knows of one turn: its row if it journaled, else what its stream says; ``None`` if
+        neither (a turn that journaled and streamed nothing, or one past its retention)."""
+        return turn_status(self._ledger, validate_identity(identity), turn_id)
+
+    def turn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> Iterator[TurnEvent]:
+        """The stream of any turn of ``identity`` after event id ``after`` (as ``TurnHandle.events``).
+
+        Without the turn's reply to go by, a turn whose owner never heard of it (not
+        started yet, or one that streamed nothing and ended) ends the iteration after a
+        few long polls.
+
+        Raises:
+            UnknownTurnEventError: ``after`` is not an event id of this turn.
+        """
+        return read_events(self._courier, validate_identity(identity), turn_id, after)
+
+    def aturn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> AsyncIterator[TurnEvent]:
+        """:meth:`turn_events`, as an async iterator."""
+        return aread_events(self._courier, validate_identity(identity), turn_id, after)
+
+    def cancel_turn(self, identity: str, turn_id: str) -> bool:
+        """Interrupt a turn in progress (as ``TurnHandle.cancel``); whether it was in progress."""
+        return cancel_turn(self._courier, validate_identity(identity), turn_id)
 
     def timers(self, identity: str | None = None, *, due_within: float | None = None,
                limit: int = 1000) -> list[TimerInfo]:

@@ -9,7 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
-from ..ledger._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnRecord, TurnWake, TurnWrite
+from ..ledger._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 from ._ledger_transport import Answer, RayCall, RayTransport, answer
 
@@ -310,6 +310,26 @@ class ActorOperations:
 
     def purge_turns(self, *, ended_before: float, limit: int = 10000) -> Answer[int]:
         return answer(self._refusal, self._ledger.purge_turns, ended_before=ended_before, limit=limit)
+
+    def append_turn_events(self, *, events: Sequence[TurnEventRow]) -> Answer[list[str]]:
+        return answer(self._refusal, self._ledger.append_turn_events, events=events)
+
+    def turn_events(
+        self, *, identity: str, turn_id: str, after_epoch: int = 0, after_seq: int = 0, limit: int = 1000,
+    ) -> Answer[list[TurnEventRow]]:
+        return answer(
+            self._refusal, self._ledger.turn_events, identity=identity, turn_id=turn_id, after_epoch=after_epoch,
+            after_seq=after_seq, limit=limit,
+        )
+
+    def last_turn_event(self, *, identity: str, turn_id: str) -> Answer[TurnEventRow | None]:
+        return answer(self._refusal, self._ledger.last_turn_event, identity=identity, turn_id=turn_id)
+
+    def turn_event_owner(self, *, identity: str, epoch: int, seq: int) -> Answer[str | None]:
+        return answer(self._refusal, self._ledger.turn_event_owner, identity=identity, epoch=epoch, seq=seq)
+
+    def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> Answer[int]:
+        return answer(self._refusal, self._ledger.purge_turn_events, ended_before=ended_before, limit=limit)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,
@@ -633,6 +653,25 @@ class RayOperations(RayTransport):
 
     def purge_turns(self, *, ended_before: float, limit: int = 10000) -> LedgerCall[int]:
         return RayCall(self.actor.purge_turns.remote(ended_before=ended_before, limit=limit))
+
+    def append_turn_events(self, *, events: Sequence[TurnEventRow]) -> LedgerCall[list[str]]:
+        return RayCall(self.actor.append_turn_events.remote(events=events))
+
+    def turn_events(
+        self, *, identity: str, turn_id: str, after_epoch: int = 0, after_seq: int = 0, limit: int = 1000,
+    ) -> LedgerCall[list[TurnEventRow]]:
+        return RayCall(self.actor.turn_events.remote(
+            identity=identity, turn_id=turn_id, after_epoch=after_epoch, after_seq=after_seq, limit=limit,
+        ))
+
+    def last_turn_event(self, *, identity: str, turn_id: str) -> LedgerCall[TurnEventRow | None]:
+        return RayCall(self.actor.last_turn_event.remote(identity=identity, turn_id=turn_id))
+
+    def turn_event_owner(self, *, identity: str, epoch: int, seq: int) -> LedgerCall[str | None]:
+        return RayCall(self.actor.turn_event_owner.remote(identity=identity, epoch=epoch, seq=seq))
+
+    def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
+        return RayCall(self.actor.purge_turn_events.remote(ended_before=ended_before, limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

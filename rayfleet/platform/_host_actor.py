@@ -41,6 +41,7 @@ from ..host._events import EventSubscription
 from ..host._hosted import TurnResult
 from ..host._messages import DeadLetterReason, Envelope, EnvelopeWire
 from ..host._runtime import (
+    STREAM_RETENTION,
     DrainReport,
     HostDraining,
     HostRuntime,
@@ -274,6 +275,7 @@ class AgentHost:
                 name=self.name, ledger=ledger, snapshots=SnapshotStore(self._storage), router=_HostRouter(self),
                 lease_ttl=self._lease_ttl, idle_timeout=self._idle_timeout, incarnation=uuid.uuid4().hex[:8],
                 metrics=self._metrics, inline_limit=self._inline_state_bytes,
+                stream_retention=float(os.environ.get("RAYFLEET_STREAM_RETENTION", STREAM_RETENTION)),
             )
             try:
                 await runtime.start()
@@ -496,6 +498,14 @@ class AgentHost:
     async def cancel_parked(self, identity: str) -> tuple[str, Any]:
         """Reply: how many parked messages were dead-lettered."""
         return await self._serve(lambda: self.runtime.delivery.cancel_parked(identity))
+
+    async def turn_events(self, identity: str, turn_id: str, after: str | None, wait: float) -> tuple[str, Any]:
+        """Reply: ``(events, state, gap)`` of a turn's stream after event id ``after`` (a long poll of ``wait`` s)."""
+        return await self._serve(lambda: self.runtime.delivery.watch_turn(identity, turn_id, after, wait))
+
+    async def cancel_turn(self, identity: str, turn_id: str) -> tuple[str, Any]:
+        """Reply: whether the turn was in progress here and is now interrupted."""
+        return await self._serve(lambda: self.runtime.delivery.cancel_turn(identity, turn_id))
 
     async def deactivate_all(self) -> int:
         """Checkpoint and release every agent hosted now (see :meth:`HostRuntime.deactivate_all`); returns how many."""

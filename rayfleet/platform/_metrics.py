@@ -101,8 +101,9 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo(name="rayfleet_parked_messages", kind="counter", tags=("agent_class", "host"), source="host",
                description="Messages parked because their agent was paused."),
     MetricInfo(name="rayfleet_turn_events", kind="counter", tags=("agent_class", "host", "event"), source="host",
-               description="Durable turns: steps run, and turns suspended, resumed, completed, failed and interrupted "
-               "(event: step, suspended, resumed, completed, failed, interrupted)."),
+               description="Durable turns: steps run, turns suspended, resumed, completed, failed and interrupted, and "
+               "turn stream events emitted (event: step, suspended, resumed, completed, failed, interrupted, "
+               "emitted, delta)."),
     MetricInfo(name="rayfleet_ledger_operations", kind="counter", tags=("operation", "outcome"), source="ledger",
                description="Operations the SQLite ledger actor served (outcome: OK or the refusal's error class)."),
     MetricInfo(name="rayfleet_ledger_operation_seconds", kind="histogram", tags=("operation",), source="ledger",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -12,10 +12,11 @@ from ..errors import DeadlineExceededError, InvalidSpecError
 from ..host._messages import Envelope
 from ..identity._handlers import handler_name
 from ..identity._values import IdentityStatus
-from ..turns._values import HandlingMode
+from ..turns._values import HandlingMode, TurnEvent
 from ._replies import turn_value
 from ._routing import Courier, deliver_request, tell_request
 from ._status import status_of
+from ._turn_handle import TurnHandle, start_turn
 
 
 def send(courier: Courier, envelope: Envelope, *, timeout: float | None = None) -> Any:
@@ -151,6 +152,29 @@ class AgentRef:
             )
         envelope = options.envelope(self.identity, method, args, kwargs)
         self._courier.route_sync(self.identity, tell_request(envelope), method=envelope.method)
+
+    def start(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> TurnHandle:
+        """Start a turn of handler ``method`` and return its :class:`~rayfleet.TurnHandle` at once.
+
+        The message is sent as ``call`` sends it (same options, retries and errors, which
+        ``handle.result()`` raises), from a thread of its own; ``handle.id`` is the turn's id.
+        Read its stream with ``handle.events()`` / ``handle.aevents()``; stop it with
+        ``handle.cancel()``.
+
+        Raises:
+            InvalidSpecError: bad options (at once; everything else comes from ``result()``).
+        """
+        options = CallOptions.take(kwargs)
+        envelope = options.envelope(self.identity, method, args, kwargs)
+        return start_turn(self._courier, envelope, options.timeout, lambda courier, sent, timeout: send(
+            courier, sent, timeout=timeout))
+
+    def stream(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> AsyncIterator[TurnEvent]:
+        """``start(...)`` then ``aevents()``: the new turn's stream, from its ``started`` event to its end.
+
+        Use ``start`` instead to keep the handle (its reply, ``cancel``).
+        """
+        return self.start(method, *args, **kwargs).aevents()
 
     def status(self) -> IdentityStatus:
         """Where this agent is in its life, who owns it, and its lease (as ``fleet.status``)."""

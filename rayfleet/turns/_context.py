@@ -154,11 +154,29 @@ class JournalPort(Protocol):
         ...
 
 
+class StreamPort(Protocol):
+    """How a turn reaches its stream (``self.emit``, ``self.emit_delta``, the boundary events)."""
+
+    def emit(self, kind: str, data: Any) -> None:
+        """A persisted event; raises ``UsageError`` for a platform kind or data that is not JSON."""
+        ...
+
+    def delta(self, text: str) -> None:
+        """A live-only delta."""
+        ...
+
+    def boundary(self, kind: str, data: Any = None) -> None:
+        """A platform event, recorded only if the turn has a stream."""
+        ...
+
+
 class TurnContext:
     """The journal of one turn (one message) on its host; see the module docstring."""
 
     def __init__(self, *, identity: str, turn_id: str, method: str, envelope: Callable[[], bytes],
-                 port: JournalPort, wall_clock: Callable[[], float] = time.time) -> None:
+                 port: JournalPort, wall_clock: Callable[[], float] = time.time,
+                 stream: StreamPort | None = None) -> None:
+        self._stream = stream
         self._wall_clock = wall_clock
         self.identity = identity
         self.turn_id = turn_id
@@ -173,6 +191,8 @@ class TurnContext:
         self._row_status: str | None = None
         """The status the turn's row has in the ledger (``None``: no row yet)."""
         self._position = 0
+        self._replay_until = -1
+        """The last position the journal held when it was read: the handler replays until it passes it."""
         self.journaled = False
         """Whether this turn has a row: something was journaled by it (or by an earlier run of it)."""
         self.steps_run = 0
@@ -181,6 +201,8 @@ class TurnContext:
     def begin_attempt(self) -> None:
         """A handler attempt starts: its durable calls are matched against the journal from position 0."""
         self._position = 0
+        if self._journal:
+            self._replay_until = max(self._journal)  # a retry replays what earlier attempts journaled
 
     async def load(self) -> None:
         """Read the turn's journal now (a resumed or recovered turn: one that has a journal)."""
@@ -190,6 +212,7 @@ class TurnContext:
         if self._journal is None:
             record = await self._port.read(self.turn_id)
             self._journal = {} if record is None else {entry.position: entry for entry in record.entries}
+            self._replay_until = max(self._journal, default=-1)
             self.journaled = record is not None
             self._row_status = None if record is None else record.status
         return self._journal
@@ -229,6 +252,34 @@ class TurnContext:
         if self._journal is not None:
             self._journal[position] = entry
         return [value for _, value in fresh]
+
+    def replaying(self) -> bool:
+        """Whether the handler is still before the last entry of its journal (a replay that has not caught up)."""
+        return self._position <= self._replay_until
+
+    def emit(self, kind: str, data: Any) -> None:
+        """Add a persisted event to this turn's stream (see ``rf.Agent.emit``).
+
+        Skipped while the turn replays what its journal holds: the stream already has
+        what the first run emitted there.
+        """
+        if self._stream is None:
+            raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit")
+        if self.replaying():
+            return
+        self._stream.emit(kind, data)
+
+    def emit_delta(self, text: str) -> None:
+        """Add a live-only delta to this turn's stream (see ``rf.Agent.emit_delta``); skipped in a replay."""
+        if self._stream is None:
+            raise UsageError("this turn has no stream (it runs outside a fleet host)", api="self.emit_delta")
+        if self.replaying():
+            return
+        self._stream.delta(text)
+
+    def _boundary(self, kind: str, data: Any = None) -> None:
+        if self._stream is not None:
+            self._stream.boundary(kind, data)
 
     def _journaled(self, entry: TurnEntry, *, status: str = "RUNNING") -> None:
         assert self._journal is not None  # read before any write
@@ -303,11 +354,14 @@ class TurnContext:
                                                                           wake_at=due))
         if row.status == "PENDING":
             self._journaled(found, status="SUSPENDED")
+            self._boundary("approval.requested", {"approval_id": approval_id, "subject": subject})
             if due is None or self._wall_clock() < due:
                 raise TurnSuspended(waiting_for=waiting_for, wake_at=due)
             row = await self._port.decide_by_timeout(approval_id, on_timeout == "approve")
         decision = decision_of(row)
         await self._write(dataclasses.replace(found, state=TurnEntryState.COMPLETED, value=encode_output(decision)))
+        self._boundary("approval.resolved", {"approval_id": approval_id, "approved": decision.approved,
+                                              "by": decision.by})
         return decision
 
     async def wait_signal(self, name: str, timeout: float | None) -> Any:
@@ -391,6 +445,7 @@ class TurnContext:
         finally:
             CURRENT_STEP_KEY.reset(marker)
         await self._write(self._completed(position, name, self._encode_value(name, position, value)))
+        self._boundary("step", {"name": name, "position": position})
         return value
 
     @staticmethod

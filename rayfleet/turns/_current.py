@@ -28,6 +28,10 @@ class TurnScope(Protocol):
 
     def steering(self) -> list[Any]: ...
 
+    def emit(self, kind: str, data: Any) -> None: ...
+
+    def emit_delta(self, text: str) -> None: ...
+
 
 CURRENT_TURN: ContextVar[TurnScope | None] = ContextVar("rayfleet_current_turn", default=None)
 """Set by the host around each handler attempt; a task the handler starts inherits it."""

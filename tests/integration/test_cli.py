@@ -389,6 +389,46 @@ def test_signal_and_approvals_list_show_approve_reject(shared: CliFleet) -> None
 
 
 @pytest.mark.timeout(120)
+def test_turns_lists_turns_in_progress_and_follows_one_turns_events(shared: CliFleet) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert shared.data("turns", "greeter/2", "--json") == []
+    assert "no turns in progress" in shared.run("turns", "greeter/2").stdout
+    handle = shared.fleet.agent("greeter/2").start("wait_for", name="tick")
+    deadline = time.monotonic() + 60
+    while not (listed := shared.data("turns", "greeter/2", "--json")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    (turn,) = listed
+    assert (turn["id"], turn["method"], turn["status"], turn["waiting_for"]) == (
+        handle.id, "wait_for", "SUSPENDED", "signal:tick")
+    table = shared.run("turns", "greeter/2")
+    assert table.exit_code == 0 and "wait_for" in table.stdout and "SUSPENDED" in table.stdout
+
+    def signal_once_followed() -> None:
+        # Following the suspended turn starts its stream; then the signal resumes it.
+        while not shared.fleet._ledger.turn_events(identity="greeter/2", turn_id=handle.id).result():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shared.fleet.signal("greeter/2", "tick", 5)
+
+    with ThreadPoolExecutor(1) as pool:
+        signalling = pool.submit(signal_once_followed)
+        followed = shared.run("turns", "greeter/2", "--follow", handle.id, "--json")
+        signalling.result(timeout=60)
+    assert followed.exit_code == 0, followed.output
+    events = [json.loads(line) for line in followed.stdout.splitlines()]
+    assert [event["kind"] for event in events] == ["started", "resumed", "completed"]
+    assert events[-1]["data"] == {"value": 5} and handle.result(timeout=60) == 5
+    again = shared.run("turns", "greeter/2", "--follow", handle.id, "--after", events[-2]["id"])
+    assert again.exit_code == 0 and again.stdout.split()[1] == "completed"
+    refused(shared.run("turns", "greeter/2", "--follow", handle.id, "--after", "nonsense"), 2, "not an event id")
+    refused(shared.run("turns", "greeter/2", "--after", "1.1"), 2, "--follow")
+    refused(shared.run("turns", "nobody/here"), 2, "unknown identity")
+
+
+@pytest.mark.timeout(120)
 def test_timers_list_fire_now_and_cancel(shared: CliFleet) -> None:
     import time
 

@@ -50,6 +50,7 @@ LEAVES: dict[type[rf.RayfleetError], list[rf.RayfleetError]] = {
         rf.WaitTimeoutError(identity="a", turn_id="t", waiting_for="signal:payment", timeout=600.0),
         rf.ApprovalConflictError(approval_id="x", status="APPROVED", decided_by="alice", version=2),
         rf.UnknownApprovalError(approval_id="x"),
+        rf.UnknownTurnEventError(identity="a", turn_id="t", event_id="3.9", detail="it is an event of turn u"),
     ],
     rf.WorkflowError: [
         rf.StepFailedError(step="s1", detail="boom"),
@@ -127,6 +128,7 @@ def test_every_error_pickles_with_its_type_message_and_fields(error: rf.Rayfleet
         (rf.UnknownDeadLetterError(letter_id=3), KeyError),
         (rf.UnknownRunError(run_id="r"), KeyError),
         (rf.UnknownApprovalError(approval_id="x"), KeyError),
+        (rf.UnknownTurnEventError(identity="a", turn_id="t", event_id="x", detail="not an id"), ValueError),
         (rf.InvalidSpecError("bad", field="x"), ValueError),
         (rf.ModelResponseError(url=URL, detail="bad"), ValueError),
         (rf.DeadlineExceededError(identity="a", method="m", timeout=1.0), TimeoutError),

@@ -42,7 +42,7 @@ PINNED: dict[str, set[str]] = {
     "rayfleet.ledger": {"Activation", "ApprovalRequest", "ApprovalResolved", "ApprovalRow", "CheckpointCommit", "EdgeRow", "IdentityView", "JournalEntry", "JournalRecord",
                         "LeaseDenied", "LeaseGrant", "LeaseView", "LedgerCall", "LedgerClient", "LedgerLocation", "RegisterOutcome",
                         "RunRecord", "SnapshotPointer", "SpecRecord", "StoredMessage", "TopologyChange",
-                        "TopologySnapshot", "TimerFired", "TimerRow", "TimerSpec", "TurnEnd", "TurnEntry", "TurnEntryKind", "TurnEntryState", "TurnRecord",
+                        "TopologySnapshot", "TimerFired", "TimerRow", "TimerSpec", "TurnEnd", "TurnEntry", "TurnEntryKind", "TurnEntryState", "TurnEventRow", "TurnRecord",
                         "TurnWake", "TurnWrite"},
 }
 INTERNAL_PACKAGES = ("identity", "checkpoints", "host", "llm", "platform")

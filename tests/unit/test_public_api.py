@@ -11,7 +11,7 @@ import pytest
 import rayfleet as rf
 
 EXPECTED_NAMES = {
-    "ApprovalInfo", "ApprovalsClient", "Decision", "TimerInfo", "TurnStatus",
+    "ApprovalInfo", "ApprovalsClient", "Decision", "TimerInfo", "TurnStatus", "TurnHandle", "TurnInfo", "TurnEvent",
     "Addressability", "Agent", "AgentRef", "AgentSpec", "BudgetExceededError", "ContinuityRecord",
     "DeadlineExceededError", "Durability", "EventKind", "Fleet", "FleetConfig", "FleetUnavailableError",
     "HandlerError", "IdentityEvent", "IdentityStatus", "InvalidArgumentsError", "InvalidSpecError",
@@ -31,7 +31,7 @@ EXPECTED_NAMES = {
     "StorageError", "StorageUnavailableError",
     "CallOptions",
     "TurnError", "NonDeterminismError", "StepOutcomeUnknownError", "StepValueError", "TurnInterruptedError", "AgentBusyError",
-    "WaitTimeoutError", "ApprovalConflictError", "UnknownApprovalError",
+    "WaitTimeoutError", "ApprovalConflictError", "UnknownApprovalError", "UnknownTurnEventError",
 }
 
 

@@ -26,7 +26,7 @@ from rayfleet.roster import roster_json_schema
 
 COMMANDS = {"demo", "apply", "status", "list", "send", "pause", "resume", "parked", "dead-letters", "runs",
             "topology", "hosts", "drain", "undrain", "export", "gc", "gateway", "bench", "roster", "signal",
-            "approvals", "timers"}
+            "approvals", "timers", "turns"}
 SUBCOMMANDS = {"dead-letters": {"list", "replay", "purge"}, "runs": {"list", "show", "cancel", "pause", "resume"},
                "topology": {"export", "reconcile"}, "roster": {"schema"},
                "approvals": {"list", "show", "approve", "reject"}, "timers": {"list", "fire-now", "cancel"}}
@@ -40,6 +40,7 @@ ATTACHING = [
     ["signal", "a/b", "paid"], ["approvals", "list"], ["approvals", "show", "ap-1"],
     ["approvals", "approve", "ap-1", "--by", "alice"], ["approvals", "reject", "ap-1", "--by", "bob"],
     ["timers", "list"], ["timers", "fire-now", "a/b", "t"], ["timers", "cancel", "a/b", "t"],
+    ["turns", "a/b"], ["turns", "a/b", "--follow", "t-1"],
 ]
 
 

@@ -1,0 +1,317 @@
+"""``rf.TurnHandle``: a driver's hold on one started turn, its reply and its stream.
+
+A stream is read in two parts: the persisted events after the client's last event id
+come from the ledger (every one of them, in order), then the live ones from the
+identity's owner by long poll (``AgentHost.turn_events``), which include the deltas. A
+poll that finds the owner's live events no longer reach back to the client's place (it
+keeps the last few thousand) goes back to the ledger first, so no persisted event is
+missed or repeated. A failover shows as a ``reset`` event where the next owner's part
+begins. See ``docs/decisions/turn-stream-long-poll.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import Any
+
+from ..errors import DeadlineExceededError, UnknownTurnEventError
+from ..host._messages import Envelope
+from ..host._streams import ENDS, EventKey, event_id, parse_event_id
+from ..ledger._contract import LedgerClient
+from ..ledger._turn_rows import TurnEventRow, TurnRecord
+from ..turns._values import TurnEvent, TurnInfo, TurnStatus
+from ._routing import Courier
+
+POLL_WAIT = 5.0
+"""Seconds one long poll waits at the owner for the next event."""
+LEDGER_PAGE = 1000
+"""Persisted events read per ledger call."""
+UNKNOWN_POLLS = 3
+"""Polls a reader without the turn's reply makes of an owner that knows nothing of the turn before it gives up."""
+
+
+def _from_row(row: TurnEventRow) -> TurnEvent:
+    return TurnEvent(id=f"{row.epoch}.{row.seq}", turn_id=row.turn_id, kind=row.kind, data=json.loads(row.data),
+                     at=row.at, persisted=True)
+
+
+def _from_wire(wire: tuple[str, str, str, str, float, bool]) -> TurnEvent:
+    ident, turn_id, kind, data, at, persisted = wire
+    return TurnEvent(id=ident, turn_id=turn_id, kind=kind, data=json.loads(data), at=at, persisted=persisted)
+
+
+def _row_key(row: TurnEventRow) -> EventKey:
+    return row.epoch, row.seq, 0
+
+
+# What the reading loop asks its driver for, and gets back.
+_Ledger = tuple[str, EventKey | None]      # ("ledger", after): the persisted events after it
+_Poll = tuple[str, EventKey | None]        # ("poll", after): the owner's reply (events, state, gap)
+_Yield = tuple[str, TurnEvent]             # ("event", event): hand it to the client
+
+
+def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] | None
+             ) -> Generator[tuple[str, Any], Any, None]:
+    """The stream reader's logic, without its I/O: it yields what to do and is sent the answers."""
+    key = after
+    need_ledger = True
+    unknown = 0
+    while True:
+        if need_ledger:
+            rows: list[TurnEventRow] = yield "ledger", key
+            for row in rows:
+                if key is None or _row_key(row) > key:
+                    key = _row_key(row)
+                    yield "event", _from_row(row)
+                    if row.kind in ENDS:
+                        return
+            if len(rows) >= LEDGER_PAGE:
+                continue
+            need_ledger = False
+        events, state, gap = yield "poll", key
+        if gap:
+            need_ledger = True
+            continue
+        for wire in events:
+            event = _from_wire(wire)
+            parsed = parse_event_id(event.id)
+            if parsed is None or (key is not None and parsed <= key):
+                continue
+            key = parsed
+            yield "event", event
+            if event.kind in ENDS:
+                return
+        if events:
+            unknown = 0
+            continue
+        if state == "ended":
+            rows = yield "ledger", key  # what the owner no longer keeps, if anything, then the end
+            for row in rows:
+                if key is None or _row_key(row) > key:
+                    key = _row_key(row)
+                    yield "event", _from_row(row)
+            return
+        if state == "unknown":
+            unknown += 1
+            if (finished is not None and finished()) or (finished is None and unknown >= UNKNOWN_POLLS):
+                rows = yield "ledger", key
+                for row in rows:
+                    if key is None or _row_key(row) > key:
+                        key = _row_key(row)
+                        yield "event", _from_row(row)
+                return
+
+
+def _check_after(turn_id: str, identity: str, after: str | None) -> EventKey | None:
+    if after is None:
+        return None
+    key = parse_event_id(after)
+    if key is None:
+        raise UnknownTurnEventError(identity=identity, turn_id=turn_id, event_id=str(after),
+                                    detail="it is not an event id (ids look like 12.3, or 12.3.4 for a delta)")
+    return key
+
+
+def _foreign(owner: str | None, identity: str, turn_id: str, after: str) -> None:
+    if owner is not None and owner != turn_id:
+        raise UnknownTurnEventError(identity=identity, turn_id=turn_id, event_id=after,
+                                    detail=f"it is an event of turn {owner!r}")
+
+
+def _poll_request(identity: str, turn_id: str, key: EventKey | None) -> Callable[[Any], Any]:
+    after = None if key is None else event_id(key)
+    return lambda host: host.turn_events.remote(identity, turn_id, after, POLL_WAIT)
+
+
+def read_events(courier: Courier, identity: str, turn_id: str, after: str | None = None,
+                finished: Callable[[], bool] | None = None) -> Iterator[TurnEvent]:
+    """The turn's stream after event id ``after`` (blocking); ends with the turn's end event.
+
+    ``finished`` says whether the caller already has the turn's reply; without it, a
+    turn its owner never heard of ends the stream after a few polls.
+
+    Raises:
+        UnknownTurnEventError: ``after`` is not an event id, or names an event of another turn.
+    """
+    key = _check_after(turn_id, identity, after)
+    if key is not None and after is not None:
+        _foreign(courier.ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]).result(), identity,
+                 turn_id, after)
+    return _read(courier, identity, turn_id, key, finished)
+
+
+def _read(courier: Courier, identity: str, turn_id: str, key: EventKey | None,
+          finished: Callable[[], bool] | None) -> Iterator[TurnEvent]:
+    ledger: LedgerClient = courier.ledger
+    steps = _reading(turn_id, key, finished)
+    answer: Any = None
+    while True:
+        try:
+            what, argument = steps.send(answer)
+        except StopIteration:
+            return
+        if what == "event":
+            answer = None
+            yield argument
+        elif what == "ledger":
+            epoch, seq = (0, 0) if argument is None else argument[:2]
+            answer = ledger.turn_events(identity=identity, turn_id=turn_id, after_epoch=epoch, after_seq=seq,
+                                        limit=LEDGER_PAGE).result()
+        else:
+            answer = courier.route_sync(identity, _poll_request(identity, turn_id, argument), method="turn_events",
+                                        timeout=POLL_WAIT * 6)
+
+
+def aread_events(courier: Courier, identity: str, turn_id: str, after: str | None = None,
+                 finished: Callable[[], bool] | None = None) -> AsyncIterator[TurnEvent]:
+    """:func:`read_events` as an async iterator; ``after`` is checked at once (one blocking ledger read).
+
+    Raises:
+        UnknownTurnEventError: ``after`` is not an event id, or names an event of another turn.
+    """
+    key = _check_after(turn_id, identity, after)
+    if key is not None and after is not None:
+        _foreign(courier.ledger.turn_event_owner(identity=identity, epoch=key[0], seq=key[1]).result(), identity,
+                 turn_id, after)
+    return _aread(courier, identity, turn_id, key, finished)
+
+
+async def _aread(courier: Courier, identity: str, turn_id: str, key: EventKey | None,
+                 finished: Callable[[], bool] | None) -> AsyncIterator[TurnEvent]:
+    ledger: LedgerClient = courier.ledger
+    steps = _reading(turn_id, key, finished)
+    answer: Any = None
+    while True:
+        try:
+            what, argument = steps.send(answer)
+        except StopIteration:
+            return
+        if what == "event":
+            answer = None
+            yield argument
+        elif what == "ledger":
+            epoch, seq = (0, 0) if argument is None else argument[:2]
+            answer = await ledger.turn_events(identity=identity, turn_id=turn_id, after_epoch=epoch, after_seq=seq,
+                                              limit=LEDGER_PAGE)
+        else:
+            answer = await courier.route_async(identity, _poll_request(identity, turn_id, argument),
+                                               method="turn_events", timeout=POLL_WAIT * 6)
+
+
+def cancel_turn(courier: Courier, identity: str, turn_id: str) -> bool:
+    """Interrupt the turn at its owner; whether it was in progress there."""
+    return bool(courier.route_sync(identity, lambda host: host.cancel_turn.remote(identity, turn_id),
+                                   method="cancel_turn"))
+
+
+class TurnHandle:
+    """A started turn (``ref.start(...)``): its id, its reply and its stream.
+
+    The turn runs whether or not anyone reads its stream or waits for its reply; the
+    reply is the one ``ref.call`` would have returned (with the same errors). Reading
+    the stream does not consume it: any number of readers, each from any event id.
+    """
+
+    __slots__ = ("_courier", "_reply", "id", "identity", "method")
+
+    def __init__(self, *, courier: Courier, identity: str, turn_id: str, method: str,
+                 reply: concurrent.futures.Future[Any]) -> None:
+        self._courier = courier
+        self._reply = reply
+        self.id = turn_id
+        """The turn's id: the id of the message that started it."""
+        self.identity = identity
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"TurnHandle({self.identity!r}, {self.method!r}, id={self.id!r})"
+
+    def done(self) -> bool:
+        """Whether the reply (or the turn's error) is here."""
+        return self._reply.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The turn's value, waiting up to ``timeout`` seconds (``None``: as long as it takes).
+
+        Raises:
+            DeadlineExceededError: no reply within ``timeout``; the turn goes on.
+            Whatever ``ref.call`` raises: ``HandlerError``, ``TurnInterruptedError``, ...
+        """
+        try:
+            return self._reply.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise DeadlineExceededError(identity=self.identity, method=self.method, timeout=timeout or 0.0) from None
+
+    async def wait(self) -> Any:
+        """:meth:`result`, awaited (no timeout: wrap it in ``asyncio.wait_for`` for one)."""
+        return await asyncio.wrap_future(self._reply)
+
+    def events(self, after: str | None = None) -> Iterator[TurnEvent]:
+        """The turn's stream from its start, or after event id ``after`` (blocking iterator).
+
+        Every persisted event after ``after`` comes once, in order, then the live ones
+        (deltas too); the iterator ends after the turn's ``completed``, ``failed`` or
+        ``interrupted`` event (or, for a turn that streamed nothing, when it ended).
+
+        Raises:
+            UnknownTurnEventError: ``after`` is not an event id of this turn.
+        """
+        return read_events(self._courier, self.identity, self.id, after, finished=self._reply.done)
+
+    def aevents(self, after: str | None = None) -> AsyncIterator[TurnEvent]:
+        """:meth:`events`, as an async iterator."""
+        return aread_events(self._courier, self.identity, self.id, after, finished=self._reply.done)
+
+    def cancel(self) -> bool:
+        """Interrupt the turn (the ``interrupt`` handling mode's path): a running turn stops at its next
+        await, a suspended one ends at once, nothing of it commits, and :meth:`result` raises
+        ``TurnInterruptedError``. Returns whether the turn was in progress (``False``: it ended, or has
+        not started yet)."""
+        return cancel_turn(self._courier, self.identity, self.id)
+
+
+def start_turn(courier: Courier, envelope: Envelope, timeout: float | None,
+               send: Callable[[Courier, Envelope, float | None], Any]) -> TurnHandle:
+    """Send ``envelope`` from a thread of its own (as ``call`` would) and return its handle at once."""
+    reply: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    reply.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            reply.set_result(send(courier, envelope, timeout))
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits for the reply
+            reply.set_exception(error)
+
+    threading.Thread(target=run, name=f"rayfleet-turn-{envelope.message_id}", daemon=True).start()
+    return TurnHandle(courier=courier, identity=envelope.target, turn_id=envelope.message_id,
+                      method=envelope.method, reply=reply)
+
+
+def turn_info(record: TurnRecord) -> TurnInfo:
+    """A ledger's turn row as ``rf.TurnInfo``."""
+    return TurnInfo(id=record.turn_id, identity=record.identity, method=record.method,
+                    status=TurnStatus(record.status), waiting_for=record.waiting_for, wake_at=record.wake_at,
+                    started=record.started, updated=record.updated, steps=record.steps, error=record.error)
+
+
+def turn_status(ledger: LedgerClient, identity: str, turn_id: str) -> TurnInfo | None:
+    """What the ledger knows of a turn: its row if it journaled, else what its stream says; ``None`` if nothing."""
+    record = ledger.turn(identity=identity, turn_id=turn_id).result()
+    if record is not None:
+        return turn_info(record)
+    last = ledger.last_turn_event(identity=identity, turn_id=turn_id).result()
+    if last is None:
+        return None
+    first = ledger.turn_events(identity=identity, turn_id=turn_id, limit=1).result()[0]
+    opening = json.loads(first.data) if first.kind == "started" else None
+    method = str(opening.get("method", "")) if isinstance(opening, dict) else ""
+    status = {"completed": TurnStatus.COMPLETED, "failed": TurnStatus.FAILED, "interrupted": TurnStatus.INTERRUPTED,
+              "suspended": TurnStatus.SUSPENDED}.get(last.kind, TurnStatus.RUNNING)
+    data = json.loads(last.data)
+    error = data.get("error", "") if isinstance(data, dict) and status is TurnStatus.FAILED else ""
+    return TurnInfo(id=turn_id, identity=identity, method=method, status=status, started=first.at, updated=last.at,
+                    error=str(error))

@@ -1,0 +1,318 @@
+"""Turn streams on real host runtimes and a real SQLite ledger (no Ray).
+
+A turn that emits (or is watched) has an ordered stream: boundary events, persisted
+``emit`` events (ids ``<epoch>.<seq>``, written by the host's group commit, fenced) and
+live deltas. After a failover the next owner's part starts with one ``reset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import rayfleet as rf
+from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._runtime import HostRuntime
+from rayfleet.host._streams import LIVE_EVENTS, parse_event_id
+from rayfleet.ledger._ledger import Ledger
+from rayfleet.ledger._local import LocalLedgerClient
+from rayfleet.ledger._values import SpecRecord
+from rayfleet.turns._context import encode_signal
+
+GATES: dict[str, asyncio.Event] = {}
+ATTEMPTS: list[int] = []
+
+
+class Writer(rf.Agent):
+    class State(rf.State):
+        written: int = 0
+
+    @rf.handler
+    async def write(self, words: list[str], gate: str = "") -> str:
+        self.emit("status", {"phase": "writing"})
+        for word in words:
+            self.emit_delta(word)
+            await asyncio.sleep(0)
+        if gate:
+            await GATES[gate].wait()
+        self.emit("status", {"phase": "done"})
+        self.state.written += 1
+        return " ".join(words)
+
+    @rf.handler
+    async def plain(self) -> int:
+        self.state.written += 1
+        return self.state.written
+
+    @rf.handler
+    async def bad(self, what: str) -> None:
+        if what == "kind":
+            self.emit("completed", {})
+        elif what == "json":
+            self.emit("status", {"a": object()})
+        elif what == "size":
+            self.emit("status", "x" * 70_000)
+        else:
+            self.emit_delta(42)  # type: ignore[arg-type]
+
+    @rf.handler
+    async def wait_pay(self) -> int:
+        self.emit("status", "waiting")
+        value: int = await self.wait_signal("payment")
+        await self.step("charge", lambda: value)
+        return value
+
+    @rf.handler
+    async def flaky(self) -> str:
+        self.emit("status", "before")
+        await self.step("s", lambda: 1)
+        self.emit("status", "after")
+        ATTEMPTS.append(1)
+        if len(ATTEMPTS) == 1:
+            raise rf.RetryableError("once more")
+        return "done"
+
+    @rf.handler
+    async def many(self, count: int) -> int:
+        for index in range(count):
+            self.emit("n", index)
+        return count
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    spec = rf.AgentSpec(identity="w/1", agent=Writer, retry=rf.RetryPolicy(max_attempts=2, base_delay=0.0))
+    led.register(SpecRecord(identity="w/1", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                            agent_class=spec.agent_class_path, labels={}, addressability=spec.addressability.value))
+    return led
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.events: Counter[str] = Counter()
+
+    def turn_event(self, agent_class: str, event: str, count: int = 1) -> None:
+        self.events[event] += count
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def host(ledger: Ledger, tmp_path: Path, name: str, metrics: object = None) -> HostRuntime:
+    extra = {} if metrics is None else {"metrics": metrics}
+    return HostRuntime(name=name, ledger=LocalLedgerClient(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                       incarnation=name, wake_interval=0.05, **extra)
+
+
+async def until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def watch_all(runtime: HostRuntime, turn_id: str, after: str | None = None) -> list[tuple]:
+    """Every event of the turn this host has after ``after``, until the stream ends."""
+    seen: list[tuple] = []
+    while True:
+        events, state, gap = await runtime.delivery.watch_turn("w/1", turn_id, after, 5.0)
+        assert not gap
+        seen += events
+        if events:
+            after = events[-1][0]
+        if (state == "ended" and not events) or any(event[2] in ("completed", "failed", "interrupted")
+                                                 for event in events):
+            return seen
+
+
+def persisted(ledger: Ledger, turn_id: str) -> list[tuple[str, str]]:
+    return [(f"{row.epoch}.{row.seq}", row.kind) for row in ledger.turn_events(identity="w/1", turn_id=turn_id)]
+
+
+async def test_a_turn_streams_its_events_and_deltas_live_in_order_and_persists_the_events(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    metrics = Counted()
+    GATES["g"] = asyncio.Event()
+    async with host(ledger, tmp_path, "a", metrics=metrics) as a:
+        envelope = rf.Envelope(target="w/1", method="write", kwargs={"words": ["Hel", "lo"], "gate": "g"})
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+        await until(lambda: a.delivery.streams.has(envelope.message_id))
+        GATES["g"].set()
+        assert (await asyncio.wait_for(call, 20)).value == "Hel lo"
+        events = await asyncio.wait_for(watching, 20)
+        await a.delivery.streams.flush()
+    kinds = [(event[2], json.loads(event[3]), event[5]) for event in events]
+    assert kinds == [("started", {"method": "write"}, True), ("status", {"phase": "writing"}, True),
+                     ("delta", "Hel", False), ("delta", "lo", False), ("status", {"phase": "done"}, True),
+                     ("completed", {"value": "Hel lo"}, True)]
+    keys = [parse_event_id(event[0]) for event in events]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    token = keys[0][0]
+    assert [event[0] for event in events] == [f"{token}.1", f"{token}.2", f"{token}.2.1", f"{token}.2.2",
+                                              f"{token}.3", f"{token}.4"]
+    # Deltas are live only: the ledger keeps the rest, with the same ids.
+    assert persisted(ledger, envelope.message_id) == [(f"{token}.1", "started"), (f"{token}.2", "status"),
+                                                      (f"{token}.3", "status"), (f"{token}.4", "completed")]
+    assert metrics.events["emitted"] == 2 and metrics.events["delta"] == 2
+
+
+async def test_a_plain_turn_nobody_watches_writes_no_stream(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="plain")
+        assert (await a.delivery.deliver(envelope)).value == 1
+        await a.delivery.streams.flush()
+        assert persisted(ledger, envelope.message_id) == []
+        # A watcher that comes after learns it ended.
+        assert await a.delivery.watch_turn("w/1", envelope.message_id, None, 0.0) == ([], "ended", False)
+
+
+async def test_a_watcher_that_comes_first_gets_the_whole_stream_of_a_plain_turn(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="plain")
+        watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        assert (await a.delivery.deliver(envelope)).value == 1
+        events = await asyncio.wait_for(watching, 20)
+        assert [event[2] for event in events] == ["started", "completed"]
+        assert json.loads(events[-1][3]) == {"value": 1}
+
+
+async def test_a_client_resumes_after_its_last_event_id(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="many", kwargs={"count": 5})
+        assert (await a.delivery.deliver(envelope)).value == 5
+        await a.delivery.streams.flush()
+        ids = [event_id for event_id, _ in persisted(ledger, envelope.message_id)]
+        events, state, gap = await a.delivery.watch_turn("w/1", envelope.message_id, ids[3], 0.0)
+        assert [event[0] for event in events] == ids[4:] and state == "ended" and not gap
+
+
+async def test_bad_events_fail_the_turn_with_a_usage_error(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        for what, words in (("kind", "platform"), ("json", "JSON"), ("size", "65536"), ("delta", "string")):
+            with pytest.raises(rf.HandlerError) as caught:
+                await a.delivery.deliver(rf.Envelope(target="w/1", method="bad", kwargs={"what": what}))
+            assert caught.value.remote_type == "rayfleet.errors.UsageError" and words in caught.value.remote_message
+
+
+async def test_a_suspended_turn_streams_suspended_then_resumed(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="wait_pay")
+        paying = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: bool(ledger.turns(identity="w/1", statuses=("SUSPENDED",))))
+        ledger.send_signal(identity="w/1", name="payment", signal_id="s", value=encode_signal("w/1", "payment", 7))
+        assert (await asyncio.wait_for(paying, 20)).value == 7
+        await a.delivery.streams.flush()
+    kinds = [kind for _, kind in persisted(ledger, envelope.message_id)]
+    # The replay does not emit again what the first run emitted before its wait.
+    assert kinds == ["started", "status", "suspended", "resumed", "step", "completed"]
+
+
+async def test_after_a_failover_the_stream_carries_one_reset_and_the_zombie_cannot_append(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    GATES["never"] = asyncio.Event()
+    envelope = rf.Envelope(target="w/1", method="write", kwargs={"words": ["par", "tial"], "gate": "never"})
+    async with host(ledger, tmp_path, "a") as a:
+        first = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: a.delivery.streams.has(envelope.message_id))
+        await until(lambda: len(persisted(ledger, envelope.message_id)) == 2)  # started, status
+        old = parse_event_id(persisted(ledger, envelope.message_id)[0][0])[0]
+        ledger.revoke_holder(a.holder)  # host a is gone; its turn runs on as a zombie's
+        GATES["never"] = asyncio.Event()
+        GATES["never"].set()
+        async with host(ledger, tmp_path, "b") as b:
+            assert (await asyncio.wait_for(b.delivery.deliver(envelope), 20)).value == "par tial"
+            await b.delivery.streams.flush()
+            # The zombie's turn goes on, but what it emits now is refused by the fence.
+            a.delivery.streams.emit("w/1", envelope.message_id, "late", "null")
+            await a.delivery.streams.flush()
+        first.cancel()
+    rows = persisted(ledger, envelope.message_id)
+    assert [kind for _, kind in rows] == ["started", "status", "reset", "started", "status", "status", "completed"]
+    assert [parse_event_id(event_id)[0] for event_id, _ in rows][:2] == [old, old]
+    assert all(parse_event_id(event_id)[0] > old for event_id, _ in rows[2:])
+
+
+async def test_cancel_interrupts_the_running_turn_and_its_stream_ends(ledger: Ledger, tmp_path: Path) -> None:
+    GATES["c"] = asyncio.Event()
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="write", kwargs={"words": ["a"], "gate": "c"})
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: a.delivery.streams.has(envelope.message_id))
+        assert await a.delivery.cancel_turn("w/1", envelope.message_id)
+        with pytest.raises(rf.TurnInterruptedError):
+            await asyncio.wait_for(call, 20)
+        assert not await a.delivery.cancel_turn("w/1", envelope.message_id)
+        events = await watch_all(a, envelope.message_id)
+        assert events[-1][2] == "interrupted"
+
+
+async def test_a_watcher_far_behind_is_told_to_read_the_ledger(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="many", kwargs={"count": LIVE_EVENTS + 10})
+        watching = asyncio.ensure_future(a.delivery.deliver(envelope))
+        assert (await asyncio.wait_for(watching, 20)).value == LIVE_EVENTS + 10
+        events, _, gap = await a.delivery.watch_turn("w/1", envelope.message_id, None, 0.0)
+        assert gap and events == []
+
+
+async def test_retention_forgets_finished_streams(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="many", kwargs={"count": 2})
+        await a.delivery.deliver(envelope)
+        await a.delivery.streams.flush()
+        assert await a.sweep_streams() == 0  # kept 24 h by default
+        a.stream_retention = 0.0
+        assert await a.sweep_streams() == 1
+    assert persisted(ledger, envelope.message_id) == []
+
+
+async def test_a_retried_attempt_replays_quietly_after_one_reset(ledger: Ledger, tmp_path: Path) -> None:
+    ATTEMPTS.clear()
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="flaky")
+        assert (await a.delivery.deliver(envelope)).value == "done"
+        await a.delivery.streams.flush()
+    # The retry does not emit again what came before the journaled step; what came after it is voided by a reset.
+    assert [kind for _, kind in persisted(ledger, envelope.message_id)] == [
+        "started", "status", "step", "status", "reset", "status", "completed"]
+
+
+async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_the_whole_stream(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        hub = a.delivery.streams
+        envelope = rf.Envelope(target="w/1", method="plain")
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
+        hub.begin("w/1", envelope.message_id, "plain")
+        hub.emit("w/1", envelope.message_id, "status", "null")  # starts the stream: its reset check is in flight
+        hub.end(envelope.message_id, "completed", {"value": 1})
+        assert not hub._streams[envelope.message_id].ready
+        events, state, _ = await hub.watch("w/1", envelope.message_id, None, 5.0, in_progress=False)
+        assert [event[2] for event in events] == ["started", "status", "completed"] and state == "ended"
+
+
+async def test_flushes_at_once_write_every_event_once(ledger: Ledger, tmp_path: Path) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
+        hub = a.delivery.streams
+        hub.begin("w/1", "t-many", "many")
+        hub.emit("w/1", "t-many", "first", "null")
+        await until(lambda: hub._streams["t-many"].ready)  # the reset check is done: ids are given at once
+        await hub.flush()
+        for index in range(40):
+            hub.emit("w/1", "t-many", "n", str(index))
+        await asyncio.gather(hub.flush(), hub.flush(), hub.flush())
+        rows = [row for row in ledger.turn_events(identity="w/1", turn_id="t-many") if row.kind == "n"]
+        assert [row.data for row in rows] == [str(index) for index in range(40)]
