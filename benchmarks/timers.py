@@ -63,7 +63,7 @@ LATENESS_LIMIT_MS = 2000.0
 """B12's bar for the spread reminders' p99 lateness (the issue's), absolute."""
 IDLE_RATIO = 1.2
 """How much slower the idle sweep may be with timers registered than with none ("the same")."""
-REGISTRATION_FLOOR = 1500.0
+REGISTRATION_FLOOR = 600.0
 """Reminders per second the arming turns are assumed to register at least (sets how far ahead T is)."""
 REGISTRATION_SLACK = 3.0
 """Seconds added to the registration's allowance (the arming asks' way in, the first activations)."""
