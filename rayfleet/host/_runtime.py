@@ -137,12 +137,13 @@ from ..identity._values import (
     lease_is_healthy,
 )
 from ..ledger._contract import LedgerClient
-from ..ledger._turn_rows import TimerRow, TimerSpec
+from ..ledger._turn_rows import TimerFired, TimerRow, TimerSpec
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled
 from ..retry import RetryPolicy
 from ..turns._timers import settlement
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
+from ._grouping import CallGroup
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere
 from ._messages import DedupWindow, Envelope
 from ._ports import NO_METRICS, HostMetrics, Router
@@ -281,10 +282,12 @@ WAKE_BATCH = 200
 WAKE_CLAIM_SECONDS = 30.0
 """How long a claimed wake is left to its sweeper before another host may deliver it again."""
 FIRING_LIMIT = 1000
-"""Timer firings one host runs at once. A sweep claims no more than the room left, so a
-burst of due timers is claimed as fast as this host fires them, not all at once: a claim
-held past ``WAKE_CLAIM_SECONDS`` unworked would lapse and be fired again by another host.
-When a host that hit the limit is down to half, it sweeps again at once."""
+"""Wakes and timer firings one host delivers at once. A sweep claims no more than the room
+left, so a burst of due turns and timers is claimed as fast as this host delivers them, not
+all at once: a claim held past ``WAKE_CLAIM_SECONDS`` unworked would lapse and be delivered
+again by another host. When a host that hit the limit is down to half, it sweeps again at once."""
+SETTLE_BATCH = 500
+"""Timer settlements per ledger transaction: firings that end while one is in flight share the next."""
 
 _REFUSALS = (StaleFencingTokenError, LeaseLostError, UnknownIdentityError)
 """What the ledger answers a write whose token is no longer the identity's: another owner took over."""
@@ -452,7 +455,11 @@ class HostRuntime:
         # collected task would silently stop mid-work.
         self._background: set[asyncio.Task[None]] = set()
         self._firing: set[asyncio.Task[None]] = set()
+        """Wakes and timer firings being delivered (at most ``FIRING_LIMIT``)."""
         self._firing_saturated = False
+        self._settlements: CallGroup[TimerFired, bool] = CallGroup(
+            self._settle_timers, limit=SETTLE_BATCH, spawn=lambda work: self._spawn(work, name=f"{name}-settle"),
+            stopped=lambda: HostDraining(name))
         self._sweep_now = asyncio.Event()
         self._started = False
         self.draining = False
@@ -1368,28 +1375,36 @@ class HostRuntime:
         if self._clock() >= self._next_stream_sweep:
             self._next_stream_sweep = self._clock() + STREAM_SWEEP_INTERVAL
             await self.sweep_streams()
-        while not self.draining:
-            due = await self._ledger.claim_wakes(limit=WAKE_BATCH, claim_for=WAKE_CLAIM_SECONDS)
+        while (room := self._firing_room()) > 0:
+            due = await self._ledger.claim_wakes(limit=room, claim_for=WAKE_CLAIM_SECONDS)
             for wake in due:
                 envelope = replace(cloudpickle.loads(wake.envelope), wake=True)
-                self._spawn(self._deliver_wake(envelope), name=f"{self.name}-wake-{wake.turn_id}")
+                self._start_firing(self._deliver_wake(envelope), name=f"{self.name}-wake-{wake.turn_id}")
             woken += len(due)
-            if len(due) < WAKE_BATCH:
+            if len(due) < room:
                 break
-        while not self.draining:
-            room = min(WAKE_BATCH, FIRING_LIMIT - len(self._firing))
-            if room <= 0:
-                self._firing_saturated = True
-                break
+        while (room := self._firing_room()) > 0:
             timers = await self._ledger.claim_timers(limit=room, claim_for=WAKE_CLAIM_SECONDS)
             for timer in timers:
-                task = self._spawn(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
-                self._firing.add(task)
-                task.add_done_callback(self._fired)
+                self._start_firing(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
             woken += len(timers)
             if len(timers) < room:
                 break
         return woken
+
+    def _firing_room(self) -> int:
+        """How many more wakes or firings this sweep may claim in one round trip (0: stop sweeping)."""
+        if self.draining:
+            return 0
+        room = min(WAKE_BATCH, FIRING_LIMIT - len(self._firing))
+        if room <= 0:
+            self._firing_saturated = True
+        return max(room, 0)
+
+    def _start_firing(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = self._spawn(work, name=name)
+        self._firing.add(task)
+        task.add_done_callback(self._fired)
 
     def _fired(self, task: asyncio.Task[None]) -> None:
         self._firing.discard(task)
@@ -1440,8 +1455,8 @@ class HostRuntime:
         envelope = Envelope(target=timer.identity, method=timer.method, kwargs=pickle.loads(timer.payload),
                             idempotency_key=f"timer:{timer.name}:{timer.next_due!r}")
         settled = settlement(timer, now=self._wall_clock())
-        if timer.overlap == "allow" and settled.next_due is not None:
-            await self._ledger.settle_timer(fired=settled)
+        if timer.overlap == "allow" and settled.next_due is not None and not await self._settle(settled):
+            return  # not moved on: firing now could overlap a firing of the next time
         try:
             await self._deliver(envelope)
         except _FIRED_FOR_GOOD:
@@ -1451,7 +1466,24 @@ class HostRuntime:
                      timer.identity, timer.next_due, error)
             return
         if timer.overlap != "allow" or settled.next_due is None:
-            await self._ledger.settle_timer(fired=settlement(timer, now=self._wall_clock()))
+            await self._settle(settlement(timer, now=self._wall_clock()))
+
+    async def _settle(self, fired: TimerFired) -> bool:
+        """Settle one firing through the group of this host's settlements; whether it was written.
+
+        A settlement that could not be written is left alone: the claim lapses and the same
+        scheduled time fires again, under the same idempotency key (one effect).
+        """
+        try:
+            await self._settlements.submit(fired)
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            log.info("%s: timer %r of %s fired for %r but not settled, left to a later sweep: %s", self.name,
+                     fired.name, fired.identity, fired.scheduled, error)
+            return False
+        return True
+
+    async def _settle_timers(self, fired: list[TimerFired]) -> list[bool]:
+        return await self._ledger.settle_timers(fired=fired)
 
     async def refresh_peers(self) -> int:
         """Reload the wired peers of every agent hosted here (after the topology changed)."""

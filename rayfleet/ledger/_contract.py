@@ -381,8 +381,8 @@ class LedgerClient(Protocol):
         """Timers due now, claimed for ``claim_for`` seconds."""
         ...
 
-    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
-        """Move a fired timer to its next time, or remove a one-off."""
+    def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:
+        """Move fired timers to their next times (one-offs are removed), in one transaction."""
         ...
 
     def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:

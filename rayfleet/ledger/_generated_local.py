@@ -269,8 +269,8 @@ class LocalOperations(LocalTransport):
     def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
         return self._run(self.ledger.claim_timers, limit=limit, claim_for=claim_for)
 
-    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
-        return self._run(self.ledger.settle_timer, fired=fired)
+    def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:
+        return self._run(self.ledger.settle_timers, fired=fired)
 
     def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:
         return self._run(

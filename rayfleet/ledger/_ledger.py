@@ -831,8 +831,12 @@ class Ledger:
         """Timers due now, soonest first, claimed for ``claim_for`` seconds (a claim is no lock: it lapses)."""
         return self._db.write(lambda tx: _timers.claim(tx, now=self._now(tx), limit=limit, claim_for=claim_for))
 
-    def settle_timer(self, *, fired: TimerFired) -> bool:
-        """Move a fired timer to its next time, or remove a one-off; whether it was still at the fired time."""
+    def settle_timers(self, *, fired: list[TimerFired]) -> list[bool]:
+        """Move fired timers to their next times (one-offs are removed), in one transaction.
+
+        Answers, per firing, whether its timer was still at the fired time (a settlement
+        for a time the timer moved past, a re-registration or a duplicate, changes nothing).
+        """
         return self._db.write(lambda tx: _timers.settle(tx, fired=fired, now=self._now(tx)))
 
     def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> bool:

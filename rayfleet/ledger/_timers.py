@@ -5,13 +5,15 @@
 * Due timers are claimed through the index on ``next_due``, a bounded batch at a time,
   and held for a while (no lock: an unsettled claim lapses and another host fires the
   same scheduled time again, which the firing's idempotency key makes one effect).
-* A firing is settled by the host that made it: the scheduled time it was for moves the
-  timer to its next one (or removes a one-off), counting missed and late firings. A
+* A firing is settled by the host that made it (many firings in one transaction): the
+  scheduled time it was for moves the timer to its next one (or removes a one-off), counting missed and late firings. A
   settlement for a scheduled time the timer has moved past (a re-registration, a
   duplicate) changes nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from . import _turns
 from ._store import Row, Transaction
@@ -54,8 +56,12 @@ def claim(tx: Transaction, *, now: float, limit: int, claim_for: float) -> list[
     return [_row(row) for row in rows]
 
 
-def settle(tx: Transaction, *, fired: TimerFired, now: float) -> bool:
-    """Move a fired timer to its next time (or remove a one-off); whether the timer was still at that time."""
+def settle(tx: Transaction, *, fired: Sequence[TimerFired], now: float) -> list[bool]:
+    """Move each fired timer to its next time (or remove a one-off); whether each was still at its fired time."""
+    return [_settle_one(tx, one, now) for one in fired]
+
+
+def _settle_one(tx: Transaction, fired: TimerFired, now: float) -> bool:
     if fired.next_due is None:
         return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ? AND next_due = ?",
                                (fired.identity, fired.name, fired.scheduled)).rowcount)

@@ -291,8 +291,8 @@ class ActorOperations:
     def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> Answer[list[TimerRow]]:
         return answer(self._refusal, self._ledger.claim_timers, limit=limit, claim_for=claim_for)
 
-    def settle_timer(self, *, fired: TimerFired) -> Answer[bool]:
-        return answer(self._refusal, self._ledger.settle_timer, fired=fired)
+    def settle_timers(self, *, fired: list[TimerFired]) -> Answer[list[bool]]:
+        return answer(self._refusal, self._ledger.settle_timers, fired=fired)
 
     def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> Answer[bool]:
         return answer(
@@ -635,8 +635,8 @@ class RayOperations(RayTransport):
     def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
         return RayCall(self.actor.claim_timers.remote(limit=limit, claim_for=claim_for))
 
-    def settle_timer(self, *, fired: TimerFired) -> LedgerCall[bool]:
-        return RayCall(self.actor.settle_timer.remote(fired=fired))
+    def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:
+        return RayCall(self.actor.settle_timers.remote(fired=fired))
 
     def release_timer(self, *, identity: str, name: str, scheduled: float, next_due: float) -> LedgerCall[bool]:
         return RayCall(

@@ -290,3 +290,33 @@ async def test_a_keyed_retry_of_a_suspended_turn_waits_for_it_instead_of_running
     async with host(ledger, tmp_path, "b") as b:  # and a later retry gets the remembered reply
         again = await b.delivery.deliver(rf.Envelope(target="shop/1", method="pay", idempotency_key="order-7"))
         assert again.value == "paid 9" and again.duplicate
+
+
+async def test_a_burst_of_wakes_is_claimed_as_fast_as_the_host_delivers_them(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Like timer firings, wakes a host claimed but could not start on before their claims
+    # lapse would be delivered again by another host; the firing limit bounds both.
+    from rayfleet.host import _runtime
+    monkeypatch.setattr(_runtime, "FIRING_LIMIT", 2)
+    shops = [f"shop/{index}" for index in range(1, 6)]
+    for identity in shops[1:]:
+        spec = rf.AgentSpec(identity=identity, agent=Shop)
+        ledger.register(SpecRecord(identity=identity, spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                                   agent_class=spec.agent_class_path, labels={},
+                                   addressability=spec.addressability.value))
+    async with host(ledger, tmp_path, "a", wake_interval=3600.0) as a:
+        calls = [asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target=identity, method="pay")))
+                 for identity in shops]
+        await until(lambda: len(ledger.turns(statuses=("SUSPENDED",))) == len(shops))
+        await a.deactivate_all()  # dormant: each wake must activate its identity
+        for pending in calls:
+            with pytest.raises(rf.LeaseLostError):
+                await asyncio.wait_for(pending, 20)
+        for identity in shops:
+            assert len(ledger.send_signal(identity=identity, name="payment", signal_id="s1",
+                                          value=encode_signal(identity, "payment", 1))) == 1
+        assert await a.wake_due() == 2  # the room it has, not the 5 due
+        # The rest is claimed as the deliveries end, without waiting for the next interval (an hour).
+        await until(lambda: not ledger.turns(statuses=("SUSPENDED",)))
+        assert all(a.is_active(identity) for identity in shops)
