@@ -314,9 +314,11 @@ class Delivery:
             UnknownIdentityError, InvalidStateError, UnknownHandlerError,
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
-        if envelope.wake:
+        if envelope.wake is True:
             # Answered at once: the turn may run for long after its wake, and its own
-            # caller (not the waker) gets the reply.
+            # caller (not the waker) gets the reply. Checked first, as _admit checks any
+            # other message: a forged wake must be refused, not run in the background.
+            envelope.check()
             self._in_background(self._wake(envelope), name=f"wake {envelope.target} {envelope.message_id}")
             return TurnResult(value=None, usage=Usage(), checkpoint_version=0, suspended=True)
         # Timed and counted once per message, here: the retries below go to _admit.

@@ -81,6 +81,8 @@ def test_a_host_actor_refuses_garbage_with_typed_errors_and_keeps_serving(make_f
     @example(payload=forge(args="abc"))
     @example(payload=forge(method="add", kwargs={"n": "many"}))
     @example(payload=forge(method=None))
+    @example(payload=forge(method=None, wake=1))  # a wake is answered at once, but only once it is checked
+    @example(payload=forge(method=None, wake=True))
     @example(payload=forge(deadline=math.nan))
     @example(payload=forge(sequence=-5, conversation="c"))
     @example(payload=forge(target="someone/else"))
