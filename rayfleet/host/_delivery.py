@@ -742,11 +742,19 @@ class Delivery:
         # A durable turn commits at its end whatever the durability: its completion (and
         # the end of its journal) is written in the transaction of its final State.
         durable = turn.journaled
+        every_turn = durable or entry.spec.durability is Durability.EVERY_TURN
+        streamed = streams.has(turn_id)
+        closing = None
+        if streamed and every_turn and (durable or entry.dirty):
+            # The stream's end event goes in the same transaction, after the rest of the
+            # stream: a committed turn always has its end in the ledger.
+            await streams.settle(turn_id)
+            closing = streams.closing(turn_id, _completed_data(value))
+        if durable or closing is not None:
+            entry.dirty = True
+            entry.pending_turn_end = TurnEnd(turn_id=envelope.message_id, events=() if closing is None else (closing,))
         if durable:
             self._metrics.turn_event(entry.agent_class, "completed")
-            entry.dirty = True
-            entry.pending_turn_end = TurnEnd(turn_id=envelope.message_id)
-        every_turn = durable or entry.spec.durability is Durability.EVERY_TURN
         if key is not None:
             reply = cloudpickle.dumps((value, usage))
             entry.pending_dedup.append((key, reply))
@@ -769,7 +777,7 @@ class Delivery:
                 streams.end(turn_id, "")
                 self._end_steering(entry, envelope.message_id, error=error)
                 raise
-        streams.end(turn_id, "completed", _completed_data(value) if streams.has(turn_id) else None)
+        await streams.complete(turn_id, _completed_data(value) if streamed else None, written=closing)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
         return result

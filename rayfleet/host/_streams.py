@@ -21,9 +21,15 @@ One :class:`StreamHub` lives in each host runtime. What it guarantees:
   written by one task, many identities per ledger transaction; each row is fenced by its
   epoch, so a zombie's events are refused (and dropped here, with a warning). A failed
   write is retried, in order, until it lands or the host stops.
-* **Live before durable.** Watchers get an event as soon as it is emitted, before its
-  row is written: an event a client saw just before its host died may be missing from
-  the ledger, which the next owner's ``reset`` marks.
+* **Live before durable, but for the end.** Watchers get an event as soon as it is
+  emitted, before its row is written: an event a client saw just before its host died
+  may be missing from the ledger, which the next owner's ``reset`` marks. A completed
+  turn's end event is the exception: it is shown only once it is written (in the
+  transaction that commits the turn's final State when there is one, else by the group
+  commit), after every earlier event of the turn, and the turn's reply waits for it.
+  So a reader that saw ``completed`` finds the whole stream in the ledger, and a
+  caller that has the reply can read it there. A failed or interrupted end is shown
+  at once, like any other event.
 * **Bounded memory.** A stream keeps its last :data:`LIVE_EVENTS` events live (a watcher
   further behind reads the ledger first), and at most :data:`STREAMS_KEPT` ended or
   waiting streams are kept, oldest forgotten first.
@@ -133,6 +139,8 @@ class _Stream:
     active: bool = False
     ready: bool = False
     """Ids are given (the reset check is done); until then events wait in ``held``."""
+    readied: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set with ``ready``: what :meth:`StreamHub.settle` waits for."""
     held: list[tuple[str, str, float, bool]] = field(default_factory=list)
     events: deque[StreamEvent] = field(default_factory=lambda: deque(maxlen=LIVE_EVENTS))
     dropped_through: EventKey = (0, 0, 0)
@@ -200,6 +208,8 @@ class StreamHub:
         self._flushing = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended: OrderedDict[str, str] = OrderedDict()
+        self._refused: dict[str, int] = {}
+        """The newest epoch of each identity whose events the ledger refused (its owner changed)."""
         self.written = 0
         """Persisted events written to the ledger by this host."""
 
@@ -246,7 +256,58 @@ class StreamHub:
             self._metrics.turn_event(agent_class, DELTA)
 
     def end(self, turn_id: str, status: str, data: Any = None) -> None:
-        """The turn ended here (``completed``, ``failed``, ``interrupted``) or stopped running (``""``)."""
+        """The turn ended here (``failed``, ``interrupted``) or stopped running (``""``).
+
+        A completed turn ends with :meth:`complete` instead, whose end event is durable
+        before it is shown.
+        """
+        stream = self._streams.get(turn_id)
+        if status and stream is not None and stream.active:
+            self._add(stream, status, json.dumps(data, default=str, separators=(",", ":")), persisted=True)
+        self._finish(turn_id, status)
+
+    async def settle(self, turn_id: str) -> None:
+        """Wait until the turn's stream has its ids and every event queued so far is written."""
+        stream = self._streams.get(turn_id)
+        if stream is None or not stream.active:
+            return
+        await stream.readied.wait()
+        await self.flush()
+
+    def closing(self, turn_id: str, data: Any) -> TurnEventRow | None:
+        """The ``completed`` event of a running turn with a stream, given its id but neither
+        queued nor shown: the caller writes it (in the turn's commit) and then passes it to
+        :meth:`complete`. ``None`` if the turn has no stream, or no ids yet (see :meth:`settle`).
+        """
+        stream = self._streams.get(turn_id)
+        token = None if stream is None else self._token_of(stream.identity)
+        if stream is None or not stream.active or not stream.ready or token is None:
+            return None
+        epoch, seq = self._next_key(stream, token)
+        return TurnEventRow(identity=stream.identity, turn_id=turn_id, epoch=epoch, seq=seq, kind="completed",
+                            data=json.dumps(data, default=str, separators=(",", ":")), at=self._wall_clock())
+
+    async def complete(self, turn_id: str, data: Any, *, written: TurnEventRow | None = None) -> None:
+        """The turn completed here: its ``completed`` event is written, then shown, then the stream ends.
+
+        ``written`` is the event :meth:`closing` gave, already in the ledger; without it the
+        event is written now, through the group commit. An end event the ledger refused
+        (the owner changed) is not shown: the stream just ends here.
+        """
+        stream = self._streams.get(turn_id)
+        row = written
+        if row is None and stream is not None and stream.active:
+            await self.settle(turn_id)
+            row = self.closing(turn_id, data)
+            if row is not None:
+                self._queue(row)
+                await self.flush()
+        if row is not None and stream is not None and self._refused.get(row.identity, 0) < row.epoch:
+            stream.append(StreamEvent(key=(row.epoch, row.seq, 0), turn_id=turn_id, kind=row.kind, data=row.data,
+                                      at=row.at))
+        self._finish(turn_id, "completed")
+
+    def _finish(self, turn_id: str, status: str) -> None:
         self._running.pop(turn_id, None)
         if status:
             self._ended[turn_id] = status
@@ -255,8 +316,6 @@ class StreamHub:
         stream = self._streams.get(turn_id)
         if stream is None:
             return
-        if status and stream.active:
-            self._add(stream, status, json.dumps(data, default=str, separators=(",", ":")), persisted=True)
         if status:
             stream.ended = True
             stream.changed.set()
@@ -370,6 +429,7 @@ class StreamHub:
         except Exception as error:  # noqa: BLE001 - without the answer the stream goes on unmarked
             log.warning("could not read the stream of turn %s of %s: %s", stream.turn_id, stream.identity, error)
         stream.ready = True
+        stream.readied.set()
         held, stream.held = stream.held, []
         if reset:
             self._give_id(stream, RESET, "null", self._wall_clock(), True)
@@ -389,21 +449,28 @@ class StreamHub:
         if token is None:
             return  # the identity left this host: its events are not this host's to write
         if persisted:
-            epoch, seq = self._sequences.get(stream.identity, (token, 0))
-            seq = seq + 1 if epoch == token else 1
-            self._sequences[stream.identity] = (token, seq)
-            stream.last_persisted, stream.deltas = (token, seq), 0
-            key: EventKey = (token, seq, 0)
-            self._pending.append(TurnEventRow(identity=stream.identity, turn_id=stream.turn_id, epoch=token,
-                                              seq=seq, kind=kind, data=data, at=at))
-            self._wake.set()
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.get_running_loop().create_task(self._write_loop(),
-                                                                      name="rayfleet-stream-writer")
+            epoch, seq = self._next_key(stream, token)
+            key: EventKey = (epoch, seq, 0)
+            self._queue(TurnEventRow(identity=stream.identity, turn_id=stream.turn_id, epoch=epoch, seq=seq,
+                                     kind=kind, data=data, at=at))
         else:
             stream.deltas += 1
             key = (*stream.last_persisted, stream.deltas)
         stream.append(StreamEvent(key=key, turn_id=stream.turn_id, kind=kind, data=data, at=at))
+
+    def _next_key(self, stream: _Stream, token: int) -> tuple[int, int]:
+        """The id of the stream's next persisted event (a delta after it counts from it)."""
+        epoch, seq = self._sequences.get(stream.identity, (token, 0))
+        seq = seq + 1 if epoch == token else 1
+        self._sequences[stream.identity] = (token, seq)
+        stream.last_persisted, stream.deltas = (token, seq), 0
+        return token, seq
+
+    def _queue(self, row: TurnEventRow) -> None:
+        self._pending.append(row)
+        self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="rayfleet-stream-writer")
 
     def forget_identity(self, identity: str) -> None:
         """The identity left this host: its sequence counter goes (a new token starts a new epoch)."""
@@ -436,6 +503,11 @@ class StreamHub:
                 continue
             for _ in batch:
                 self._pending.popleft()
+            for event in batch:
+                if event.identity in refused:
+                    self._refused[event.identity] = max(self._refused.pop(event.identity, 0), event.epoch)
+                    while len(self._refused) > ENDED_KEPT:
+                        del self._refused[next(iter(self._refused))]
             if refused:
                 log.warning("stream events of %s refused: their owner changed", ", ".join(refused))
             written += len(batch)

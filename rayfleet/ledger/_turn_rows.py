@@ -106,6 +106,9 @@ class TurnEnd:
     turn_id: str
     status: str = "COMPLETED"
     error: str = ""
+    events: tuple[TurnEventRow, ...] = ()
+    """The turn stream's end event, written in the same transaction: a turn whose end
+    committed has its end event in the ledger (it is not left to the stream's own writer)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

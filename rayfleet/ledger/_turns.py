@@ -101,6 +101,8 @@ def end(tx: Transaction, identity: str, ended: TurnEnd, now: float) -> None:
         (ended.status, ended.error, now, identity, ended.turn_id),
     )
     tx.execute("DELETE FROM turn_steps WHERE identity = ? AND turn_id = ?", (identity, ended.turn_id))
+    if ended.events:
+        _turn_events.append(tx, ended.events)
 
 
 def end_fenced(tx: Transaction, *, identity: str, fencing_token: int, ended: TurnEnd, now: float) -> None:

@@ -94,6 +94,12 @@ class Profile:
     """Seconds each durable turn sleeps (suspended) between its two steps."""
     tick_every: float = 0.5
     """Period of the reminder one of them sets; its ticks are checked against the timer's count."""
+    streams: int = 2
+    """Identities whose turns a reader follows, reconnecting across faults with its last event id."""
+    stream_parts: int = 8
+    """Persisted events (and deltas) a streamed turn emits, each after a journaled step."""
+    stream_nap: float = 0.1
+    """Seconds a streamed turn waits (in memory, not suspended) after each part: faults land mid-turn."""
     faults: tuple[str, ...] = ()
     """Only these fault kinds (empty: all of them); ``CHAOS_FAULTS=ledger_kill,zombie_host`` in the test."""
 
@@ -148,6 +154,16 @@ class ChaosTurns(rf.Agent):
         second = await self.step("ship", lambda: record_effect(effects, self.step_key))
         self.state.completed = [*self.state.completed, key]
         return [first, second]
+
+    @rf.handler
+    async def narrate(self, key: str, parts: int, nap: float) -> str:
+        for index in range(parts):
+            await self.step(f"part-{index}", lambda index=index: index)
+            self.emit("part", {"key": key, "index": index})
+            self.emit_delta(f"{index} ")
+            await asyncio.sleep(nap)
+        self.state.completed = [*self.state.completed, key]
+        return key
 
     @rf.handler
     async def start_ticking(self, every: float) -> None:
@@ -329,6 +345,9 @@ class ChaosRun:
         self.hotels = ["chaos/w/hotel-0", "chaos/w/hotel-1"]
         self.banks = ["chaos/w/bank-0", "chaos/w/bank-1"]
         self.turn_ids = [f"chaos/t/{index}" for index in range(profile.turns)]
+        self.stream_ids = [f"chaos/s/{index}" for index in range(profile.streams)]
+        self.stream_reads: list[StreamRead] = []
+        self.stream_stats: dict[str, Any] = {}
         self.effects_path = str(storage.parent / "turn-effects.log")
         self.turn_stats: dict[str, Any] = {}
         self.runs: dict[str, dict[str, Any]] = {}
@@ -360,7 +379,8 @@ class ChaosRun:
         specs = [rf.AgentSpec(identity=identity, agent=ChaosCounter, durability=rf.Durability.EVERY_TURN)
                  for identity in [*self.counters, *self.paused_ids]]
         self.fleet.spawn_many(specs)
-        self.fleet.spawn_many([rf.AgentSpec(identity=identity, agent=ChaosTurns) for identity in self.turn_ids])
+        self.fleet.spawn_many([rf.AgentSpec(identity=identity, agent=ChaosTurns)
+                               for identity in [*self.turn_ids, *self.stream_ids]])
         if self.turn_ids:
             self.fleet.agent(self.turn_ids[0]).call("start_ticking", every=self.profile.tick_every)
         for identity in self.hotels:
@@ -458,9 +478,64 @@ class ChaosRun:
 
     def _turns(self) -> None:
         async def main() -> None:
-            await asyncio.gather(*(self._turn_client(index, identity) for index, identity in enumerate(self.turn_ids)))
+            await asyncio.gather(*(self._turn_client(index, identity) for index, identity in enumerate(self.turn_ids)),
+                                 *(self._stream_client(index, identity)
+                                   for index, identity in enumerate(self.stream_ids)))
 
         asyncio.run(main())
+
+    # -- workload: stream readers ------------------------------------------------------
+
+    async def _stream_client(self, index: int, identity: str) -> None:
+        """Start a turn and read its stream to the end, reconnecting with the last event id after any error.
+
+        Every other turn is keyed. The reader keeps every event it got; the checker holds
+        them against the turn's stream as the ledger keeps it.
+        """
+        process = f"streams-{index}"
+        rng = random.Random(self.profile.seed * 2000 + index)
+        ref = self.turns_fleet.agent(identity)
+        seq = 0
+        while not self.stop.is_set():
+            seq += 1
+            key = f"{process}-{seq}"
+            keyed = seq % 2 == 0
+            op = self.history.new_op()
+            self.history.record("invoke", process, op, identity, key)
+            try:
+                handle = ref.start("narrate", key=key, parts=self.profile.stream_parts, nap=self.profile.stream_nap,
+                                   idempotency_key=key if keyed else None, timeout=self.profile.op_patience)
+            except Exception as error:  # the send itself failed: nothing to read
+                self.history.record("info", process, op, identity, key, _describe(error))
+                await asyncio.sleep(0.2)
+                continue
+            read = StreamRead(identity=identity, turn_id=handle.id, key=key)
+            give_up = time.monotonic() + self.profile.op_patience
+            while True:
+                after = read.events[-1].id if read.events else None
+                try:
+                    async for event in handle.aevents(after=after):
+                        read.events.append(event)
+                        if event.kind not in STREAM_ENDS and rng.random() < 0.2:
+                            break  # the client drops the connection, as a flaky network would
+                    else:
+                        break
+                    read.dropped += 1
+                    continue
+                except Exception as error:  # a fault cut the reader off: reconnect after the last id it got
+                    read.reconnects += 1
+                    read.errors.append(_describe(error))
+                    if time.monotonic() > give_up:
+                        break
+                    await asyncio.sleep(0.1 + random.random() * 0.2)
+            try:
+                value = await asyncio.wait_for(handle.wait(), self.profile.op_patience)
+            except Exception as error:  # outcome unknown
+                self.history.record("info", process, op, identity, key, _describe(error))
+            else:
+                self.history.record("ok", process, op, identity, key, value)
+                read.acknowledged = True
+            self.stream_reads.append(read)
 
     # -- workload: sagas ---------------------------------------------------------------
 
@@ -840,6 +915,7 @@ class ChaosRun:
             if identity not in finals:
                 self.violations.append(f"{identity}: final State could not be read")
         self._check_turns(fleet)
+        self._check_streams(fleet)
         self._check_increments(finals)
         self._check_parked(fleet, finals)
         self._check_runs(fleet)
@@ -922,6 +998,64 @@ class ChaosRun:
                            "reminder ticks": ticks, "reminder firings settled": fired}
         with contextlib.suppress(Exception):
             self.turn_stats["suspended turns left"] = len(fleet._ledger.turns(statuses=("SUSPENDED",)).result())
+
+    def _check_streams(self, fleet: rf.Fleet) -> None:
+        """Stream readers across faults: every persisted event of the turn reached its reader once, in
+        order; an event the reader got that the ledger does not keep (seen live from an owner that died
+        before writing it) is behind a ``reset`` seam; at most one reset per failover of the turn (each
+        owner's epoch has at most one)."""
+        never = threading.Event()
+        stats: Tally[str] = Tally()
+        for read in self.stream_reads:
+            where = f"{read.identity}: turn {read.turn_id} ({read.key})"
+            if not read.events or read.events[-1].kind not in STREAM_ENDS:
+                if read.acknowledged:
+                    self.violations.append(f"{where}: acknowledged, but its stream did not end "
+                                           f"({read.reconnects} reconnects: {read.errors[-3:]})")
+                stats["streams not read to the end"] += 1
+                self.notes.append(f"{where}: stream not read to the end (acknowledged: {read.acknowledged}; last "
+                                  f"events {[(event.id, event.kind) for event in read.events[-3:]]}; errors "
+                                  f"{read.errors[-2:]})")
+                continue
+            kept = _retry(lambda read=read: [event for event in fleet.turn_events(read.identity, read.turn_id)
+                                             if event.persisted], never, patience=30)
+            if kept is None:
+                self.violations.append(f"{where}: its stream could not be read from the ledger")
+                continue
+            seen = [event for event in read.events if event.persisted]
+            ids = [_event_key(event.id) for event in read.events]
+            if ids != sorted(set(ids)):
+                self.violations.append(f"{where}: the reader got events out of order or twice: "
+                                       f"{[event.id for event in read.events]}")
+            got = {event.id for event in seen}
+            missing = [event.id for event in kept if event.id not in got]
+            if missing:
+                self.violations.append(f"{where}: persisted events {missing} never reached the reader")
+            kept_ids = {event.id for event in kept}
+            for position, event in enumerate(read.events):
+                if event.persisted and event.id not in kept_ids and not any(
+                        later.kind == "reset" for later in read.events[position + 1:]):
+                    self.violations.append(f"{where}: the reader got {event.id} ({event.kind}), which the ledger "
+                                           "does not keep, with no reset after it")
+            # A failover gives the turn a new owner, whose epoch (fencing token) starts its part of the stream.
+            resets = Tally(_event_key(event.id)[0] for event in kept if event.kind == "reset")
+            if any(count > 1 for count in resets.values()):
+                self.violations.append(f"{where}: more than one reset from one owner: {dict(resets)}")
+            resets_total = sum(resets.values())
+            parts = [event.data["index"] for event in kept if event.kind == "part"]
+            if read.acknowledged and (not parts or parts[-1] != self.profile.stream_parts - 1):
+                self.violations.append(f"{where}: acknowledged, but its last part is not in its stream: {parts}")
+            if read.acknowledged and (not kept or kept[-1].kind != "completed"):
+                self.violations.append(f"{where}: acknowledged, but the ledger keeps no end event for it: "
+                                       f"{[(event.id, event.kind) for event in kept[-3:]]}")
+            stats["streams read to the end"] += 1
+            stats["stream reconnects after an error"] += read.reconnects
+            stats["stream reconnects after a drop"] += read.dropped
+            stats["stream resets"] += resets_total
+            stats["stream events kept"] += len(kept)
+            stats["stream events seen live only"] += sum(1 for event in seen if event.id not in kept_ids)
+        stats["streamed turns acknowledged"] = sum(1 for read in self.stream_reads if read.acknowledged)
+        self.stream_stats = dict(stats)
 
     def _check_increments(self, finals: dict[str, dict[str, Any]]) -> None:
         ops: dict[int, list[Event]] = defaultdict(list)
@@ -1112,6 +1246,7 @@ class ChaosRun:
         kinds = Tally(str(event.value).split(":")[0] for event in clients if event.type == "info")
         operations["errors seen by clients"] = ", ".join(f"{name} {count}" for name, count in kinds.most_common())
         operations.update(self.turn_stats)
+        operations.update(self.stream_stats)
         operations.update({f"runs {name}": count for name, count in sorted(self.run_stats.items())})
         operations.update({f"parked {name}": count for name, count in sorted(self.parked_stats.items())})
         faults = Tally(fault.kind for fault in self.history.faults)
@@ -1152,6 +1287,30 @@ class ChaosRun:
             for fault in self.history.faults if fault.longest_op is not None
         ]
         path.write_text(json.dumps(document, indent=2, default=str))
+
+
+@dataclass
+class StreamRead:
+    """What one reader got of one turn's stream, across its reconnections."""
+
+    identity: str
+    turn_id: str
+    key: str
+    events: list[rf.TurnEvent] = field(default_factory=list)
+    reconnects: int = 0
+    """Reconnections after an error."""
+    dropped: int = 0
+    """Reconnections after the reader itself dropped the connection."""
+    errors: list[str] = field(default_factory=list)
+    acknowledged: bool = False
+
+
+STREAM_ENDS = {"completed", "failed", "interrupted"}
+
+
+def _event_key(event_id: str) -> tuple[int, ...]:
+    """An event id (``12.3``, or ``12.3.4`` for a delta) as the tuple that orders the stream."""
+    return tuple(int(part) for part in event_id.split("."))
 
 
 def _describe(error: BaseException) -> str:

@@ -79,6 +79,13 @@ class Writer(rf.Agent):
         return "done"
 
     @rf.handler
+    async def stepped(self) -> int:
+        self.emit("status", "before")
+        value: int = await self.step("s", lambda: 5)
+        self.emit("status", "after")
+        return value
+
+    @rf.handler
     async def many(self, count: int) -> int:
         for index in range(count):
             self.emit("n", index)
@@ -297,10 +304,10 @@ async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_t
         await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
         hub.begin("w/1", envelope.message_id, "plain")
         hub.emit("w/1", envelope.message_id, "status", "null")  # starts the stream: its reset check is in flight
-        hub.end(envelope.message_id, "completed", {"value": 1})
+        hub.end(envelope.message_id, "failed", {"error": "boom"})
         assert not hub._streams[envelope.message_id].ready
         events, state, _ = await hub.watch("w/1", envelope.message_id, None, 5.0, in_progress=False)
-        assert [event[2] for event in events] == ["started", "status", "completed"] and state == "ended"
+        assert [event[2] for event in events] == ["started", "status", "failed"] and state == "ended"
 
 
 async def test_flushes_at_once_write_every_event_once(ledger: Ledger, tmp_path: Path) -> None:
@@ -316,3 +323,75 @@ async def test_flushes_at_once_write_every_event_once(ledger: Ledger, tmp_path: 
         await asyncio.gather(hub.flush(), hub.flush(), hub.flush())
         rows = [row for row in ledger.turn_events(identity="w/1", turn_id="t-many") if row.kind == "n"]
         assert [row.data for row in rows] == [str(index) for index in range(40)]
+
+
+@pytest.mark.parametrize("durability", ["EVERY_TURN", "PERIODIC"])
+@pytest.mark.parametrize(("method", "kwargs"), [("write", {"words": ["a", "b"]}), ("many", {"count": 3}),
+                                                ("stepped", {})])
+async def test_a_streamed_turn_replies_only_once_its_whole_stream_is_in_the_ledger(
+    tmp_path: Path, durability: str, method: str, kwargs: dict,
+) -> None:
+    # A turn that changes State and commits (write), one that commits nothing (many), a
+    # journaled one (stepped); with every-turn and periodic commits. The reply comes only
+    # after the end event is written, so a caller holding the reply (or a reader who saw
+    # "completed") finds the whole stream in the ledger, whatever happens to the host next.
+    ledger = Ledger(tmp_path / f"{durability}.sqlite")
+    spec = rf.AgentSpec(identity="w/1", agent=Writer, durability=rf.Durability(durability))
+    ledger.register(SpecRecord(identity="w/1", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                               agent_class=spec.agent_class_path, labels={},
+                               addressability=spec.addressability.value))
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method=method, kwargs=kwargs)
+        watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        await a.delivery.deliver(envelope)
+        rows = persisted(ledger, envelope.message_id)  # no flush: what the ledger holds as the reply comes
+        events = await asyncio.wait_for(watching, 20)
+    assert rows[0][1] == "started" and rows[-1][1] == "completed"
+    assert [event[0] for event in events if event[5]] == [event_id for event_id, _ in rows]
+
+
+async def test_an_end_event_the_ledger_refused_is_never_shown(tmp_path: Path) -> None:
+    GATES["z"] = asyncio.Event()
+    ledger = Ledger(tmp_path / "periodic.sqlite")
+    spec = rf.AgentSpec(identity="w/1", agent=Writer, durability=rf.Durability.PERIODIC)
+    ledger.register(SpecRecord(identity="w/1", spec=cloudpickle.dumps(spec), fingerprint=spec.fingerprint(),
+                               agent_class=spec.agent_class_path, labels={},
+                               addressability=spec.addressability.value))
+    async with host(ledger, tmp_path, "a") as a:
+        envelope = rf.Envelope(target="w/1", method="write", kwargs={"words": ["x"], "gate": "z"})
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: len(persisted(ledger, envelope.message_id)) == 2)  # started, status
+        ledger.revoke_holder(a.holder)  # host a is gone: its turn ends as a zombie's, answered before durable
+        async with host(ledger, tmp_path, "b") as b:
+            await b.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # the next owner's token
+            watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+            GATES["z"].set()
+            await asyncio.wait_for(call, 20)
+            events = await asyncio.wait_for(watching, 20)
+    assert "completed" not in [event[2] for event in events]
+    assert "completed" not in [kind for _, kind in persisted(ledger, envelope.message_id)]
+
+
+class EndsNotWrittenAlone(LocalLedgerClient):
+    """A ledger client whose stream writer can write every event but an end event (as if
+    the host died just before its group commit wrote it)."""
+
+    def append_turn_events(self, *, events):  # type: ignore[no-untyped-def]
+        if any(event.kind == "completed" for event in events):
+            raise ConnectionError("the host died before it wrote the end event")
+        return super().append_turn_events(events=events)
+
+
+@pytest.mark.parametrize("method", ["write", "stepped"])
+async def test_a_committed_turn_writes_its_end_event_in_its_commit(ledger: Ledger, tmp_path: Path,
+                                                                   method: str) -> None:
+    runtime = HostRuntime(name="a", ledger=EndsNotWrittenAlone(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                          incarnation="a", wake_interval=0.05)
+    async with runtime as a:
+        envelope = rf.Envelope(target="w/1", method=method, kwargs={"words": ["a"]} if method == "write" else {})
+        watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        await asyncio.wait_for(a.delivery.deliver(envelope), 20)
+        assert persisted(ledger, envelope.message_id)[-1][1] == "completed"
+        await asyncio.wait_for(watching, 20)
