@@ -66,9 +66,9 @@ from .host._messages import DeadLetter as DeadLetter
 from .host._messages import DeadLetterReason as DeadLetterReason
 from .host._messages import Envelope as Envelope
 from .host._messages import ParkedMessage as ParkedMessage
-from .host._runtime import DeactivationReport as DeactivationReport
-from .host._runtime import DrainReport as DrainReport
-from .host._runtime import HostStatistics as HostStatistics
+from .host._reports import DeactivationReport as DeactivationReport
+from .host._reports import DrainReport as DrainReport
+from .host._reports import HostStatistics as HostStatistics
 from .identity._agent import Agent as Agent
 from .identity._agent import AgentSpec as AgentSpec
 from .identity._handlers import Reply as Reply

@@ -5,14 +5,16 @@ without one refuses ``self.send``. ``ActivationPort`` is everything the delivery
 needs from the runtime that owns the agents, and nothing more: delivery runs turns
 but never activates, renews, checkpoints or publishes events by itself, so each of
 those stays in one place and a test can drive delivery with a small fake.
-``HostMetrics`` is what the runtime and delivery report for dashboards; the platform
-exports it through Ray, and :data:`NO_METRICS` (the default) drops it.
+``LeasePort`` is what the lease keeper needs from the runtime: the keeper renews and
+releases leases, but only the runtime takes an agent out of service or publishes its
+events. ``HostMetrics`` is what the runtime, delivery and the lease keeper report for
+dashboards; the platform exports it through Ray, and :data:`NO_METRICS` (the default) drops it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -213,4 +215,25 @@ class ActivationPort(Protocol):
 
         Never blocks: a subscriber that falls behind loses its oldest events instead.
         """
+        ...
+
+
+class LeasePort(Protocol):
+    """The runtime's side of the lease keeper: taking an agent whose lease is gone out of service, and events."""
+
+    async def drop(self, entry: HostedAgent, reason: str) -> None:
+        """Take ``entry`` out of service at once: its lease is lost, so another host may own it now.
+
+        ``entry`` is never served from this host again, a handler it is running is
+        cancelled, and the loss is counted, logged with ``reason`` and published as
+        ``LEASE_LOST``. Nothing is released: the lease is no longer this host's.
+        """
+        ...
+
+    def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
+        """Publish an event of ``identity`` to its subscribers; never blocks (see ``ActivationPort.emit``)."""
+        ...
+
+    def listened_among(self, identities: Collection[str]) -> list[str]:
+        """Those of ``identities`` someone subscribes to, so that a renewal of every lease builds no unheard event."""
         ...

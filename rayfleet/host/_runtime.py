@@ -1,11 +1,12 @@
 """The host runtime: activates identities under fenced leases and runs their turns.
 
 One ``HostRuntime`` lives in each host. It owns the agents it has activated, one
-mailbox (turn lock) per identity, the host's lease renewals, its group committer
-and every background task it starts. It knows nothing about Ray: ``platform`` wraps
-it in an actor. The message path is :class:`~rayfleet.host._delivery.Delivery`, the host's
-front door (``runtime.delivery``): the runtime builds it and is reached from it only as its
-``ActivationPort``.
+mailbox (turn lock) per identity, its group committer and every background task it
+starts. It knows nothing about Ray: ``platform`` wraps it in an actor. The message path
+is :class:`~rayfleet.host._delivery.Delivery`, the host's front door (``runtime.delivery``),
+and the host's leases are kept by :class:`~rayfleet.host._leases.LeaseKeeper`
+(``runtime.leases``, which states the renewal guarantees): the runtime builds both and
+is reached from them only as their ``ActivationPort`` and ``LeasePort``.
 
 What the runtime guarantees, and why:
 
@@ -13,8 +14,8 @@ What the runtime guarantees, and why:
   resume, parking, deactivation, fencing for a lifecycle operation) change under
   that identity's turn lock, so a lifecycle operation never interleaves with a turn
   and loses its effect or the turn's. Two things touch an entry without the lock:
-  ``renew_once`` (the renewal loop), which replaces its grant and lease date or
-  drops it when the lease is gone, and ``refresh_peers``, which replaces its peers.
+  the lease keeper's renewals, which replace its lease date or drop it when the
+  lease is gone, and ``refresh_peers``, which replaces its peers.
   A turn running when its entry is dropped cannot commit: the commit is fenced,
   and a dropped entry commits nothing.
 * Activation either hosts the agent or releases the lease it acquired: every
@@ -25,17 +26,10 @@ What the runtime guarantees, and why:
 * A retired or broken identity is never hosted: activation refuses it with
   ``InvalidStateError``. A snapshot that cannot be read marks only its own identity
   broken; the rest of the host keeps serving.
-* One renewal loop renews every lease of the host every TTL/3, so a new lease needs
-  no wake-up of its own: with one write of the host's holder row while that row is
-  live, else lease by lease (:data:`RENEWAL_CHUNK` per ledger call) before the row is
-  armed again, which is how a host learns which leases it lost. After a failed renewal it
-  retries sooner (within TTL/10), and no wait ends later than TTL/10 before the
-  earliest expiry of a lease held, so a short ledger outage does not let leases
-  lapse. Each turn also checks its own lease before it runs and renews on the spot
-  when less than a fifth of the TTL is left, so no turn starts on a lease that is
-  nearly gone. Leases are dated from when the renewal was sent. An agent whose
-  lease is lost is dropped at once, and so is one whose lease has expired by this
-  host's own clock (it was frozen, or could not reach the ledger), renewal or not.
+* An agent whose lease is lost is dropped at once, and so is one whose lease has
+  expired by this host's own clock (it was frozen, or could not reach the ledger),
+  renewal or not: the housekeeping loop looks at every expiry to within
+  :data:`HOUSEKEEPING_TICK`. How leases are renewed is the lease keeper's to guarantee.
 * A dropped agent never replies. A handler running when its agent is dropped is
   cancelled at its next ``await`` (cooperative cancellation; a plain function runs
   to its end, a thread handler's thread cannot be stopped), its State change is
@@ -92,7 +86,7 @@ import random
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -134,19 +128,19 @@ from ..identity._values import (
     LeaseDenied,
     LifecycleState,
     TopologyPolicy,
-    lease_is_healthy,
 )
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TimerFired, TimerRow, TimerSpec
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled
-from ..retry import RetryPolicy
 from ..turns._timers import settlement
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
 from ._grouping import CallGroup
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere
+from ._leases import LeaseKeeper
 from ._messages import DedupWindow, Envelope
 from ._ports import NO_METRICS, HostMetrics, Router
+from ._reports import DrainReport, HostStatistics
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -160,13 +154,6 @@ T = TypeVar("T")
 # pass through; an active agent holds its own spec, so eviction only costs a re-unpickle.
 SPEC_CACHE_SIZE = 1024
 
-RENEWAL_RETRY = RetryPolicy(base_delay=1.0, max_delay=64.0, jitter=0.0)
-"""Backoff after failed lease renewals, 1 s doubling; the renewal loop caps it at TTL/10 and never stops retrying."""
-RENEWAL_BACKOFF_CAP = 60.0
-RENEWAL_DANGER_FRACTION = 0.1
-"""After a failed renewal the next try comes within this fraction of the TTL, and no wait
-ends later than this fraction of the TTL before the earliest lease held expires."""
-
 HOUSEKEEPING_TICK = 0.05
 """Seconds between the housekeeping loop's looks at the clock (lease expiry by this host's clock)."""
 HOUSEKEEPING_SHARE = 0.1
@@ -176,80 +163,6 @@ lease expires sooner. A scan's cost grows with the agents hosted (benchmark B4, 
 hosts tens of thousands per host): scanning at every tick took a large share of a busy
 host's loop, and the thread committing the host's lease renewals got the GIL so rarely
 that a renewal took seconds and every lease of the host could lapse."""
-
-
-RENEWAL_CHUNK = 5_000
-"""Leases renewed per ledger call (and transaction).
-
-One transaction renewing every lease of a busy host (tens of thousands in benchmark B4)
-can take seconds, holding a SQLite file's write lock all along, so that another host's
-renewal gives up behind it after SQLite's busy timeout. In chunks, other
-writers get the lock between them, and the first chunks' leases are renewed without
-waiting for the last."""
-
-
-def renewal_backoff(failures: int, cap: float = RENEWAL_BACKOFF_CAP) -> float:
-    """Seconds to wait after ``failures`` consecutive failed renewals: 1 s x 2^n, n <= 6, capped."""
-    return min(RENEWAL_RETRY.delay_for(failures), cap)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostStatistics:
-    """A snapshot of one host's counters."""
-
-    host: str
-    active_agents: int
-    turns: int
-    handler_errors: int
-    activations: int
-    deactivations: int
-    checkpoints: int
-    commit_batches: int
-    lease_renewals: int
-    leases_lost: int
-    stale_refusals: int
-    duplicates: int
-    """Messages answered from the dedup window without running the handler."""
-    dead_letters: int
-    parked: int
-    draining: bool
-    ledger_route: str = "direct"
-    """How this host reaches the ledger: ``"direct"`` (its own database connection) or ``"ledger actor"``."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DrainReport:
-    """What a drain did with the agents of one host.
-
-    Every agent the host had when the drain began is off it when the drain returns:
-    checkpointed and released, or, past the deadline, released without its unsaved State.
-    """
-
-    host: str
-    checkpointed: int
-    """Agents deactivated normally: unsaved State committed, ``on_deactivate`` run, lease released."""
-    released_unsaved: int
-    """Agents still busy (a turn running, a checkpoint failing) at the deadline: their
-    handlers were stopped and their leases released, so the next owner starts from the
-    last committed State at once instead of after a lease TTL."""
-    timed_out: bool
-    """True when the deadline passed before every agent was deactivated normally."""
-    seconds: float = 0.0
-    """How long the drain took."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeactivationReport:
-    """What deactivating every agent of a fleet did (``fleet.deactivate_all()``, ``fleet.shutdown()``)."""
-
-    hosts: int
-    """Hosts asked to deactivate their agents."""
-    deactivated: int
-    """Agents checkpointed and released."""
-    remaining: int
-    """Agents still hosted when it ended: busy past the deadline, or their checkpoint failed (see the host logs)."""
-    seconds: float
-    """How long it took."""
 
 
 @dataclass(slots=True)
@@ -359,7 +272,7 @@ class _RuntimeActivations:
         return identity in self._runtime._refused_internal
 
     async def ensure_healthy_lease(self, entry: HostedAgent) -> None:
-        await self._runtime._ensure_healthy_lease(entry)
+        await self._runtime.leases.ensure_healthy(entry)
 
     async def commit(self, entry: HostedAgent) -> StepJournaled | None:
         """The commit of a turn before its reply: if it fails, the turn must not have happened.
@@ -382,6 +295,24 @@ class _RuntimeActivations:
 
     def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
         self._runtime._emit(identity, kind, **details)
+
+
+class _RuntimeLeases:
+    """The runtime as the ``LeasePort`` of its lease keeper, without making those methods public."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: HostRuntime) -> None:
+        self._runtime = runtime
+
+    async def drop(self, entry: HostedAgent, reason: str) -> None:
+        await self._runtime._drop(entry, reason=reason)
+
+    def emit(self, identity: str, kind: EventKind, **details: Any) -> None:
+        self._runtime._emit(identity, kind, **details)
+
+    def listened_among(self, identities: Collection[str]) -> list[str]:
+        return self._runtime._events.listened_among(identities)
 
 
 class HostRuntime:
@@ -463,15 +394,10 @@ class HostRuntime:
         self._sweep_now = asyncio.Event()
         self._started = False
         self.draining = False
-        self._renewal_failures = 0
-        self._holder_armed = False
-        """Whether the ledger keeps this host's leases through its holder row (see :meth:`renew_once`)."""
-        self._holder_expiry = -math.inf
-        """Every lease held here lives at least until this (monotonic seconds): the holder row's last renewal."""
-        self._unreleased: dict[str, int] = {}
-        """Leases whose release failed; retried with each renewal, since a live holder row keeps them."""
-        self._counters = dict.fromkeys(
-            ("activations", "deactivations", "lease_renewals", "leases_lost", "stale_refusals"), 0
+        self._counters = dict.fromkeys(("activations", "deactivations", "leases_lost", "stale_refusals"), 0)
+        self.leases = LeaseKeeper(
+            name=name, holder=self.holder, ledger=ledger, entries=self._entries, port=_RuntimeLeases(self),
+            ttl=lease_ttl, clock=clock, metrics=metrics,
         )
         self.delivery = Delivery(
             entries=self._entries, ledger=ledger, activations=_RuntimeActivations(self), clock=clock,
@@ -490,7 +416,7 @@ class HostRuntime:
             raise RuntimeError("HostRuntime already started")
         self._started = True
         self._committer.start()
-        self._spawn(self._renewal_loop(), name=f"{self.name}-renew")
+        self._spawn(self.leases.run(), name=f"{self.name}-renew")
         self._spawn(self._housekeeping_loop(), name=f"{self.name}-housekeeping")
         self._spawn(self._wake_loop(), name=f"{self.name}-wakes")
 
@@ -544,6 +470,7 @@ class HostRuntime:
             commit_batches=self._committer.batches,
             draining=self.draining,
             ledger_route=self._ledger.route,
+            lease_renewals=self.leases.renewals,
             **self._counters,
         )
 
@@ -560,25 +487,6 @@ class HostRuntime:
         if self._router is None:
             raise RuntimeError("this host has no router; agents cannot send to peers here")
         return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs)
-
-    def _lease_expiry(self, entry: HostedAgent) -> float:
-        """When ``entry``'s lease expires by this host's clock: its own date or the holder row's, whichever is later."""
-        return max(entry.installed_at + entry.grant.ttl, self._holder_expiry)
-
-    async def _ensure_healthy_lease(self, entry: HostedAgent) -> None:
-        remaining = self._lease_expiry(entry) - self._clock()
-        if lease_is_healthy(entry.grant.ttl, remaining):
-            return
-        # The ledger extends the lease from when it handles the call, which is no earlier
-        # than the send: dating it from the send errs on the safe side, as renew_once does.
-        sent_at = self._clock()
-        lost = await self._ledger.renew(holder=self.holder, tokens={entry.spec.identity: entry.grant.fencing_token})
-        if lost:
-            await self._drop(entry, reason="lease lost at renewal")
-            raise LeaseLostError(identity=entry.spec.identity, detail="the lease could not be renewed")
-        self._counters["lease_renewals"] += 1
-        self._metrics.lease_renewals(1)
-        entry.installed_at = sent_at
 
     async def _fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
         """Run one fenced ledger write for ``entry``; ``write`` gets the token to present.
@@ -733,7 +641,7 @@ class HostRuntime:
         # Released in the background: after a commit that did not land the ledger is often
         # unreachable too, and the caller's answer must not wait out a second timeout. An
         # activation here meanwhile takes a larger token, which this late release cannot free.
-        self._spawn(self._release({entry.spec.identity: entry.grant.fencing_token}),
+        self._spawn(self.leases.release({entry.spec.identity: entry.grant.fencing_token}),
                     name=f"{self.name}-release-{entry.spec.identity}")
 
     # -- activation -----------------------------------------------------------------
@@ -885,7 +793,7 @@ class HostRuntime:
                     remote_message=str(error), remote_traceback=traceback.format_exc(),
                 ) from None
         except BaseException:
-            await self._release({identity: grant.fencing_token})
+            await self.leases.release({identity: grant.fencing_token})
             raise
         self._entries[identity] = entry
         self._earliest_expiry = min(self._earliest_expiry, entry.installed_at + entry.grant.ttl)
@@ -1003,7 +911,7 @@ class HostRuntime:
             elif isinstance(outcome, BaseException):
                 log.warning("deactivating %s on %s failed: %s", entry.spec.identity, self.name, outcome)
         if tokens:
-            await self._release(tokens)
+            await self.leases.release(tokens)
         tally.released.update(tokens)
         tally.done += len(tokens)
         self._counters["deactivations"] += len(tokens)
@@ -1039,7 +947,7 @@ class HostRuntime:
         if tokens:
             log.warning("drain of %s released %d agents without checkpoint (busy at its %.1f s deadline, or their "
                         "checkpoint failed): %s", self.name, len(tokens), timeout, ", ".join(sorted(tokens)[:10]))
-            await self._release(tokens)
+            await self.leases.release(tokens)
         return DrainReport(host=self.name, checkpointed=tally.done, released_unsaved=len(tokens),
                            timed_out=not done, seconds=round(self._clock() - started, 3))
 
@@ -1075,21 +983,12 @@ class HostRuntime:
         identity = entry.spec.identity
         self._discard(entry)
         if release:
-            await self._release({identity: entry.grant.fencing_token})
+            await self.leases.release({identity: entry.grant.fencing_token})
         elif reason:
             self._counters["leases_lost"] += 1
             self._metrics.lease_lost()
             log.warning("dropped %s on %s: %s", identity, self.name, reason)
             self._emit(identity, EventKind.LEASE_LOST)
-
-    async def _release(self, tokens: dict[str, int]) -> None:
-        try:
-            await self._ledger.release(holder=self.holder, tokens=tokens)
-        except Exception as error:  # noqa: BLE001 - nothing unsafe: a lease kept too long only delays the next owner
-            # While this host's holder row lives the ledger keeps these leases too, so the
-            # renewal loop retries; should this host die first, they lapse with the row.
-            self._unreleased.update(tokens)
-            log.warning("releasing leases %s failed (retried with the next renewal): %s", sorted(tokens)[:10], error)
 
     # -- lifecycle operations (a new token before the effect) -------------------------
 
@@ -1125,7 +1024,7 @@ class HostRuntime:
                 identity=identity, fencing_token=grant.fencing_token, lifecycle=PERSISTED_RETIRED
             )
         finally:
-            await self._release({identity: grant.fencing_token})
+            await self.leases.release({identity: grant.fencing_token})
         self._emit(identity, EventKind.STATE_CHANGED, state=LifecycleState.RETIRING, fencing_token=grant.fencing_token)
         return grant.fencing_token
 
@@ -1146,7 +1045,7 @@ class HostRuntime:
         try:
             await self._ledger.reset(identity=identity, fencing_token=fenced.grant.fencing_token)
         except BaseException:
-            await self._release({identity: fenced.grant.fencing_token})
+            await self.leases.release({identity: fenced.grant.fencing_token})
             raise
         # A new generation remembers no keys of the old one.
         return await self._rehost(identity, replace(fenced, dedup=()), requested_at=requested_at)
@@ -1194,104 +1093,11 @@ class HostRuntime:
     # -- background work ------------------------------------------------------------
 
     async def renew_once(self) -> int:
-        """Renew every lease this host holds; drop agents whose lease is lost. Returns how many were renewed.
+        """Renew every lease this host holds now and drop agents whose lease is lost; returns how many were renewed.
 
-        While this host's holder row in the ledger is live, one write renewing the row
-        renews every lease (see ``_leases.renew_holder``): no lease of a live holder can
-        have lapsed, so none was lost. Otherwise (the first pass, or the row lapsed:
-        this host was frozen or cut off for a TTL, or was declared dead) each lease is
-        renewed by itself, :data:`RENEWAL_CHUNK` per ledger call, agents whose lease is
-        gone are dropped, and then the row is armed again. A failed call raises after
-        the chunks before it were renewed (their leases keep their new dates).
-        Releases that failed earlier are retried first.
+        The renewal loop does this on its own; see ``LeaseKeeper.renew_once`` for how.
         """
-        if self._unreleased:
-            tokens, self._unreleased = self._unreleased, {}
-            await self._release(tokens)
-        if self._holder_armed:
-            sent_at = self._clock()
-            if await self._ledger.renew_holder(holder=self.holder, ttl=self.lease_ttl):
-                self._holder_expiry = sent_at + self.lease_ttl
-                for identity in self._events.listened_among(self._entries):
-                    token = self._entries[identity].grant.fencing_token
-                    self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
-                return self._count_renewals(len(self._entries))
-            self._holder_armed = False
-            log.warning("the holder row of %s had lapsed; renewing its %d leases one by one", self.name,
-                        len(self._entries))
-        held = [(identity, entry.grant.fencing_token) for identity, entry in self._entries.items()]
-        count = 0
-        for start in range(0, len(held), RENEWAL_CHUNK):
-            count += await self._renew_chunk(dict(held[start:start + RENEWAL_CHUNK]))
-        sent_at = self._clock()
-        await self._ledger.arm_holder(holder=self.holder, ttl=self.lease_ttl)
-        self._holder_armed = True
-        self._holder_expiry = sent_at + self.lease_ttl
-        return count
-
-    def _count_renewals(self, count: int) -> int:
-        self._counters["lease_renewals"] += count
-        if count:
-            self._metrics.lease_renewals(count)
-        return count
-
-    async def _renew_chunk(self, held: dict[str, int]) -> int:
-        sent_at = self._clock()
-        lost = await self._ledger.renew(holder=self.holder, tokens=held)
-        count = 0
-        for identity, token in held.items():
-            entry = self._entries.get(identity)
-            if entry is None or entry.grant.fencing_token != token:
-                continue  # replaced or dropped while the renewal was in flight
-            if identity in lost:
-                await self._drop(entry, reason="lease lost at renewal")
-                continue
-            entry.installed_at = sent_at
-            self._emit(identity, EventKind.LEASE_UPDATED, fencing_token=token)
-            count += 1
-        return self._count_renewals(count)
-
-    async def _renewal_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._renewal_delay())
-            await self._renewal_attempt()
-
-    def _renewal_delay(self) -> float:
-        """Seconds until the renewal loop's next attempt.
-
-        While renewals succeed: when the oldest lease held was renewed TTL/3 ago (TTL/3
-        from now without agents), so a pass that took long (a busy host renewing
-        tens of thousands of leases, chunk after chunk) does not push the next one a
-        full TTL/3 further. After a failure the leases are in danger, so the next
-        attempt comes sooner, not later: 1 s doubling, but never more than TTL/10.
-        Either way no wait ends later than TTL/10 before the earliest expiry of a
-        lease held here, so with TTL 10 s two failed renewals still leave several
-        attempts before any lease lapses.
-        """
-        danger = self.lease_ttl * RENEWAL_DANGER_FRACTION
-        if self._renewal_failures:
-            delay = renewal_backoff(self._renewal_failures - 1, cap=danger)
-        else:
-            delay = self.lease_ttl / 3
-        if self._entries:
-            oldest = min(entry.installed_at + entry.grant.ttl for entry in self._entries.values())
-            left = max(oldest, self._holder_expiry) - self._clock()
-            if not self._renewal_failures:
-                # The oldest lease was renewed TTL/3 ago when TTL*2/3 of it is left.
-                delay = max(left - self.lease_ttl * 2 / 3, 0.0)
-            if left > danger:
-                delay = min(delay, left - danger)
-        return delay
-
-    async def _renewal_attempt(self) -> None:
-        """One attempt of the renewal loop; counts consecutive failures, never raises."""
-        try:
-            await self.renew_once()
-            self._renewal_failures = 0
-        except Exception as error:  # noqa: BLE001 - the loop must outlive any failure; it backs off
-            self._renewal_failures += 1
-            log.log(logging.WARNING if self._renewal_failures == 1 else logging.DEBUG,
-                    "lease renewal on %s failed (%d in a row): %s", self.name, self._renewal_failures, error)
+        return await self.leases.renew_once()
 
     async def _housekeeping_loop(self) -> None:
         """Drop agents whose lease expired by this host's clock; checkpoint due ``PERIODIC`` agents; retire idle ones.
@@ -1319,7 +1125,7 @@ class HostRuntime:
         for entry in list(self._entries.values()):
             if entry.dropped:
                 continue
-            expires_at = self._lease_expiry(entry)
+            expires_at = self.leases.expiry(entry)
             if now >= expires_at:
                 # Expired by this host's own clock (it was frozen, or the ledger is out of
                 # reach): another host may own it now, so stop serving it, turn or no turn.

@@ -27,7 +27,7 @@ from ..errors import (
     UsageError,
 )
 from ..host._messages import DeadLetter, Envelope, ParkedMessage
-from ..host._runtime import DeactivationReport, DrainReport, HostStatistics
+from ..host._reports import DeactivationReport, DrainReport, HostStatistics
 from ..identity._agent import Agent, AgentSpec
 from ..identity._names import validate_identity
 from ..identity._values import (

@@ -40,15 +40,8 @@ from ..errors import (
 from ..host._events import EventSubscription
 from ..host._hosted import TurnResult
 from ..host._messages import DeadLetterReason, Envelope, EnvelopeWire
-from ..host._runtime import (
-    STREAM_RETENTION,
-    DrainReport,
-    HostDraining,
-    HostRuntime,
-    HostStatistics,
-    OwnedElsewhere,
-    holder_host,
-)
+from ..host._reports import DrainReport, HostStatistics
+from ..host._runtime import STREAM_RETENTION, HostDraining, HostRuntime, OwnedElsewhere, holder_host
 from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation

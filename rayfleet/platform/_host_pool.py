@@ -12,7 +12,7 @@ from typing import Any, cast
 import ray
 
 from ..errors import FleetUnavailableError
-from ..host._runtime import DeactivationReport, DrainReport, HostStatistics
+from ..host._reports import DeactivationReport, DrainReport, HostStatistics
 from ..ledger._contract import LedgerClient
 from ._host_actor import NODE_ANSWER_TIMEOUT, launch_host
 from ._placement import (

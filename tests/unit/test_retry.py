@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import rayfleet as rf
-from rayfleet.host._runtime import RENEWAL_RETRY
+from rayfleet.host._leases import RENEWAL_RETRY
 from rayfleet.llm._chat import CHAT_RETRY
 from rayfleet.platform._routing import ROUTING_RETRY, _backoff
 from rayfleet.platform._runner import RUNNER_START_RETRY

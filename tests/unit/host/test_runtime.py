@@ -13,9 +13,9 @@ from delivery import deliver
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
-from rayfleet.host import _runtime as runtime_module
+from rayfleet.host import _leases as leases_module
 from rayfleet.host._hosted import HostDraining
-from rayfleet.host._runtime import HostRuntime, OwnedElsewhere, renewal_backoff
+from rayfleet.host._runtime import HostRuntime, OwnedElsewhere
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._values import SpecRecord
@@ -156,7 +156,7 @@ async def test_a_renewal_goes_to_the_ledger_in_chunks(
     # One transaction renewing every lease of a host holding tens of thousands held a
     # SQLite file's write lock for seconds, and the other host's renewal timed out
     # behind it. Chunks let other writers in between.
-    monkeypatch.setattr(runtime_module, "RENEWAL_CHUNK", 3)
+    monkeypatch.setattr(leases_module, "RENEWAL_CHUNK", 3)
     for index in range(7):
         register(ledger, f"c/{index}")
     async with runtime(ledger, tmp_path) as host:
@@ -251,14 +251,6 @@ async def test_idle_agents_are_checkpointed_and_released(ledger: Ledger, tmp_pat
         assert host.active_identities() == []
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.lease is None and view.continuity is not None and view.continuity.checkpoint_version == 1
-
-
-def test_renewal_backoff_grows_and_caps() -> None:
-    assert renewal_backoff(0) == 1.0
-    assert renewal_backoff(1) == 2.0
-    assert renewal_backoff(6) == 60.0
-    assert renewal_backoff(99) == 60.0
-    assert renewal_backoff(2, cap=3.0) == 3.0
 
 
 class SlowLedgerClient(LocalLedgerClient):

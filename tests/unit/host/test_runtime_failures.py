@@ -379,14 +379,14 @@ async def test_the_next_renewal_is_due_a_third_of_the_ttl_after_the_oldest_lease
     client = FaultyLedgerClient(ledger, during=slow)
     async with host_on(client, tmp_path, clock=clock, lease_ttl=9.0) as host:
         await deliver(host, "c/1", "add", (), {"n": 1})
-        assert host._renewal_delay() == pytest.approx(3.0)
+        assert host.leases.next_delay() == pytest.approx(3.0)
         clock.advance(3.0)
-        await host._renewal_attempt()  # lease by lease, then the holder row is armed as the pass ends
-        assert host._renewal_delay() == pytest.approx(3.0)
+        await host.leases.attempt()  # lease by lease, then the holder row is armed as the pass ends
+        assert host.leases.next_delay() == pytest.approx(3.0)
         clock.advance(3.0)
-        await host._renewal_attempt()  # the holder row
+        await host.leases.attempt()  # the holder row
         assert client.calls["renew"] == 1 and client.calls["renew_holder"] == 1
-        assert host._renewal_delay() == pytest.approx(1.0)  # renewed as sent, 2 s ago
+        assert host.leases.next_delay() == pytest.approx(1.0)  # renewed as sent, 2 s ago
 
 
 async def test_once_its_holder_row_is_armed_a_host_renews_every_lease_with_one_write(tmp_path: Path) -> None:
@@ -400,7 +400,7 @@ async def test_once_its_holder_row_is_armed_a_host_renews_every_lease_with_one_w
         assert await host.renew_once() == 3  # lease by lease, then the row is armed
         assert (client.calls["renew"], client.calls["arm_holder"]) == (1, 1)
         for _ in range(4):  # four TTL/3 periods: every lease's own date is long past
-            clock.advance(host._renewal_delay())
+            clock.advance(host.leases.next_delay())
             assert await host.renew_once() == 3
         assert (client.calls["renew"], client.calls["renew_holder"]) == (1, 4)
         rival = ledger.acquire(holder="rival", identities=["c/0", "c/1", "c/2"], ttl=10.0)
@@ -424,7 +424,7 @@ async def test_a_host_whose_holder_row_lapsed_drops_what_was_taken_and_keeps_the
         assert await host.renew_once() == 1
         assert host.active_identities() == ["c/2"] and host.statistics().leases_lost == 1
         assert (client.calls["renew_holder"], client.calls["renew"], client.calls["arm_holder"]) == (1, 2, 2)
-        clock.advance(host._renewal_delay())
+        clock.advance(host.leases.next_delay())
         assert await host.renew_once() == 1 and client.calls["renew_holder"] == 2
         assert isinstance(ledger.acquire(holder="rival", identities=["c/2"], ttl=10.0)["c/2"], LeaseDenied)
 
@@ -461,12 +461,12 @@ async def test_a_lease_survives_two_failed_renewals(tmp_path: Path, renewal: str
         expires_at = clock.now + 10.0
         client.fail[renewal] += [outage(), outage()]
         for attempt in (1, 2, 3):
-            delay = host._renewal_delay()
+            delay = host.leases.next_delay()
             assert clock.now + delay < expires_at, f"attempt {attempt} would come after the lease expired"
             clock.advance(delay)
             rival = ledger.acquire(holder="rival", identities=["c/1"], ttl=10.0)["c/1"]
             assert isinstance(rival, LeaseDenied), f"the lease lapsed before renewal attempt {attempt}"
-            await host._renewal_attempt()
+            await host.leases.attempt()
         assert client.calls[renewal] == 3 and host.is_active("c/1")
         view = ledger.resolve(["c/1"])["c/1"]
         assert view.lease is not None and view.lease.holder == host.holder
