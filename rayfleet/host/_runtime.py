@@ -179,6 +179,9 @@ ACQUIRE_BATCH = 100
 """Most identities one acquire call (one ledger transaction) carries; a larger queue goes in several."""
 
 WAKE_INTERVAL = 1.0
+"""Seconds between a host's sweeps for suspended turns whose wake came. A sleep within
+``LOCAL_WAKE_HORIZON`` wakes on time by its host's own timer; the sweep is for the rest
+(long waits, signals, and turns whose host went away)."""
 STREAM_RETENTION = 24 * 3600.0
 """Default seconds a finished turn's stream is kept (``HostRuntime(stream_retention=)``,
 ``RAYFLEET_STREAM_RETENTION`` for a fleet's hosts)."""
@@ -187,9 +190,11 @@ STREAM_SWEEP_INTERVAL = 60.0
 STREAM_SWEEP_BATCH = 1000
 """Streams forgotten per ledger transaction; a sweep takes at most ``STREAM_SWEEP_BATCHES`` of them."""
 STREAM_SWEEP_BATCHES = 10
-"""Seconds between a host's sweeps for suspended turns whose wake came. A sleep within
-``LOCAL_WAKE_HORIZON`` wakes on time by its host's own timer; the sweep is for the rest
-(long waits, signals, and turns whose host went away)."""
+"""Batches of finished streams one sweep forgets at most (the rest wait for the next sweep)."""
+ABANDONED_STREAM_AGE = 7 * 24 * 3600.0
+"""Seconds a stream that never ended (its turn cut off and never sent again, nor running or
+suspended in the journal) is kept after its last event, at least; then the sweep forgets it,
+one batch of candidates per sweep."""
 WAKE_BATCH = 200
 """Due turns claimed per ledger round trip of a sweep."""
 WAKE_CLAIM_SECONDS = 30.0
@@ -358,6 +363,10 @@ class HostRuntime:
         self.name = name
         self.wake_interval = wake_interval
         self.stream_retention = stream_retention
+        self.abandoned_stream_age = max(stream_retention, ABANDONED_STREAM_AGE)
+        """Seconds an unended, idle stream of a turn not in progress is kept (see :meth:`sweep_streams`)."""
+        self._abandoned_after = 0.0
+        """Where the next batch of the abandoned-stream sweep starts (a start time)."""
         """Seconds a finished turn's stream is kept in the ledger (see :meth:`sweep_streams`)."""
         self._next_stream_sweep = 0.0
         self._wall_clock = wall_clock
@@ -1219,10 +1228,15 @@ class HostRuntime:
             self._sweep_now.set()
 
     async def sweep_streams(self) -> int:
-        """Forget the streams of turns that ended more than ``stream_retention`` seconds ago; returns how many.
+        """Forget the streams of turns that ended more than ``stream_retention`` seconds ago,
+        and abandoned ones; returns how many.
 
-        Bounded: at most ``STREAM_SWEEP_BATCH x STREAM_SWEEP_BATCHES`` streams a sweep, found
-        through the ledger's index on end events (the rest wait for the next sweep). Never raises.
+        Bounded: at most ``STREAM_SWEEP_BATCH x STREAM_SWEEP_BATCHES`` ended streams a sweep,
+        found through the ledger's index on end events (the rest wait for the next sweep),
+        and one batch of ``STREAM_SWEEP_BATCH`` candidates for abandoned streams (no end
+        event, nothing written for ``abandoned_stream_age``, the turn neither running nor
+        suspended in the journal), found through the index on start events, where the
+        previous sweep's batch stopped. Never raises.
         """
         forgotten = 0
         try:
@@ -1232,6 +1246,11 @@ class HostRuntime:
                 forgotten += batch
                 if batch < STREAM_SWEEP_BATCH:
                     break
+            abandoned = await self._ledger.purge_abandoned_turn_events(
+                idle_before=self._wall_clock() - self.abandoned_stream_age, after=self._abandoned_after,
+                limit=STREAM_SWEEP_BATCH)
+            self._abandoned_after = abandoned.next_after or 0.0
+            forgotten += abandoned.forgotten
         except Exception as error:  # noqa: BLE001 - the next sweep tries again
             log.warning("%s: the sweep of finished turn streams failed: %s", self.name, error)
         return forgotten

@@ -23,6 +23,7 @@ from ..identity._values import (
     SnapshotPointer,
 )
 from ._turn_rows import (
+    AbandonedSweep,
     ApprovalRequest,
     ApprovalResolved,
     ApprovalRow,
@@ -422,6 +423,11 @@ class LedgerClient(Protocol):
 
     def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
         """Forget the streams of at most ``limit`` turns ended before ``ended_before``; returns how many."""
+        ...
+
+    def purge_abandoned_turn_events(self, *, idle_before: float, after: float = 0.0,
+                                    limit: int = 1000) -> LedgerCall[AbandonedSweep]:
+        """Forget streams that never ended, idle since ``idle_before``, whose turns are not in progress."""
         ...
 
     def add_dead_letter(

@@ -9,7 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ._contract import LedgerCall
 from ._local_transport import LocalTransport
-from ._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
+from ._turn_rows import AbandonedSweep, ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
 from ._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 
 
@@ -307,6 +307,11 @@ class LocalOperations(LocalTransport):
 
     def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
         return self._run(self.ledger.purge_turn_events, ended_before=ended_before, limit=limit)
+
+    def purge_abandoned_turn_events(
+        self, *, idle_before: float, after: float = 0.0, limit: int = 1000,
+    ) -> LedgerCall[AbandonedSweep]:
+        return self._run(self.ledger.purge_abandoned_turn_events, idle_before=idle_before, after=after, limit=limit)
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

@@ -53,6 +53,7 @@ from ._store import (
     WriteLockHolders,
 )
 from ._turn_rows import (
+    AbandonedSweep,
     ApprovalRequest,
     ApprovalResolved,
     ApprovalRow,
@@ -891,6 +892,18 @@ class Ledger:
     def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> int:
         """Forget the streams of at most ``limit`` turns that ended before ``ended_before``; returns how many."""
         return self._db.write(lambda tx: _turn_events.purge(tx, ended_before=ended_before, limit=limit))
+
+    def purge_abandoned_turn_events(self, *, idle_before: float, after: float = 0.0,
+                                    limit: int = 1000) -> AbandonedSweep:
+        """Forget streams that never ended, idle since ``idle_before``, whose turns are not in progress.
+
+        At most ``limit`` candidates (by start time, after ``after``) are looked at; pass
+        the answer's ``next_after`` to the next call.
+        """
+        if limit <= 0:
+            raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
+        return self._db.write(lambda tx: _turn_events.purge_abandoned(tx, idle_before=idle_before, after=after,
+                                                                      limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int

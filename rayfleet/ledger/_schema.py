@@ -397,4 +397,8 @@ CREATE INDEX IF NOT EXISTS turn_events_of_turn ON turn_events(identity, turn_id,
 CREATE INDEX IF NOT EXISTS turn_events_ended ON turn_events(at)
     WHERE kind IN ('completed', 'failed', 'interrupted');
 """),
+    # 15: streams abandoned without an end (a turn cut off and never sent again) are found
+    # through their start events, never by a scan of every event.
+    Migration("""CREATE INDEX IF NOT EXISTS turn_events_started ON turn_events(at) WHERE kind = 'started';
+"""),
 )

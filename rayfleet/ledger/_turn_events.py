@@ -8,6 +8,10 @@
 * An event is written once: a second append of the same ``(identity, epoch, seq)`` changes nothing.
 * Retention is swept a bounded batch at a time through the partial index on the end
   events, so its cost is per ended stream, never per event kept.
+* A stream with no end (its turn was cut off and never sent again) is forgotten once
+  nothing was written to it for a long while and its turn is neither running nor
+  suspended in the journal; found through the partial index on start events, a bounded
+  batch at a time, with a cursor so long-suspended turns never hold the others back.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from . import _leases
 from ._store import Transaction
-from ._turn_rows import TurnEventRow
+from ._turn_rows import AbandonedSweep, TurnEventRow
 
 END_KINDS = ("completed", "failed", "interrupted")
 """The kinds of a stream's last event: the turn ended."""
@@ -71,6 +75,35 @@ def purge(tx: Transaction, *, ended_before: float, limit: int) -> int:
     tx.executemany("DELETE FROM turn_events WHERE identity = ? AND turn_id = ?",
                    [(row[0], row[1]) for row in ended])
     return len(ended)
+
+
+IN_PROGRESS = ("RUNNING", "SUSPENDED")
+"""Statuses of a journaled turn that may still write to its stream (``rf.TurnStatus`` values)."""
+
+
+def purge_abandoned(tx: Transaction, *, idle_before: float, after: float, limit: int) -> AbandonedSweep:
+    """Forget streams without an end event, idle since ``idle_before``, whose turn is not in progress.
+
+    Reads at most ``limit`` start events after ``after`` (oldest first); a stream whose
+    turn the journal holds as running or suspended, or that wrote since ``idle_before``,
+    is left alone.
+    """
+    starts = tx.execute(
+        "SELECT identity, turn_id, at FROM turn_events WHERE kind = 'started' AND at > ? AND at < ? "
+        "ORDER BY at LIMIT ?", (after, idle_before, limit)).fetchall()
+    forgotten = 0
+    for identity, turn_id in dict.fromkeys((str(row[0]), str(row[1])) for row in starts):
+        newest = last(tx, identity=identity, turn_id=turn_id)
+        if newest is None or newest.kind in END_KINDS or newest.at >= idle_before:
+            continue
+        # The journal's row, read here rather than through _turns, which writes this table.
+        status = tx.execute("SELECT status FROM turns WHERE identity = ? AND turn_id = ?",
+                            (identity, turn_id)).fetchone()
+        if status is not None and status[0] in IN_PROGRESS:
+            continue
+        tx.execute("DELETE FROM turn_events WHERE identity = ? AND turn_id = ?", (identity, turn_id))
+        forgotten += 1
+    return AbandonedSweep(forgotten=forgotten, next_after=float(starts[-1][2]) if len(starts) >= limit else None)
 
 
 def drop(tx: Transaction, identity: str) -> None:

@@ -237,6 +237,17 @@ class TimerFired:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AbandonedSweep:
+    """What one batch of the sweep of abandoned streams did, and where the next batch starts."""
+
+    forgotten: int
+    """Streams forgotten."""
+    next_after: float | None
+    """The start time the next batch reads after; ``None``: this batch reached the newest
+    candidate, so the next one starts from the oldest again."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEventRow:
     """One persisted event of a turn's stream (table ``turn_events``).
 

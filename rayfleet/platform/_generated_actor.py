@@ -9,7 +9,7 @@ from ..errors import RayfleetError
 from ..identity._values import ContinuityRecord, LeaseDenied, SnapshotPointer
 from ..ledger._contract import LedgerCall
 from ..ledger._ledger import Ledger
-from ..ledger._turn_rows import ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
+from ..ledger._turn_rows import AbandonedSweep, ApprovalRequest, ApprovalResolved, ApprovalRow, TimerFired, TimerRow, TimerSpec, TurnEnd, TurnEventRow, TurnRecord, TurnWake, TurnWrite
 from ..ledger._values import DEFAULT_LEASE_TTL, Activation, CheckpointCommit, CheckpointRow, CommitOutcome, HostInfo, IdentityView, JournalRecord, LeaseView, RegisterOutcome, RunLease, RunRecord, RunRequests, RunStart, SpecRecord, StoredMessage, TopologyChange, TopologySnapshot
 from ._ledger_transport import Answer, RayCall, RayTransport, answer
 
@@ -330,6 +330,13 @@ class ActorOperations:
 
     def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> Answer[int]:
         return answer(self._refusal, self._ledger.purge_turn_events, ended_before=ended_before, limit=limit)
+
+    def purge_abandoned_turn_events(
+        self, *, idle_before: float, after: float = 0.0, limit: int = 1000,
+    ) -> Answer[AbandonedSweep]:
+        return answer(
+            self._refusal, self._ledger.purge_abandoned_turn_events, idle_before=idle_before, after=after, limit=limit,
+        )
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,
@@ -672,6 +679,11 @@ class RayOperations(RayTransport):
 
     def purge_turn_events(self, *, ended_before: float, limit: int = 1000) -> LedgerCall[int]:
         return RayCall(self.actor.purge_turn_events.remote(ended_before=ended_before, limit=limit))
+
+    def purge_abandoned_turn_events(
+        self, *, idle_before: float, after: float = 0.0, limit: int = 1000,
+    ) -> LedgerCall[AbandonedSweep]:
+        return RayCall(self.actor.purge_abandoned_turn_events.remote(idle_before=idle_before, after=after, limit=limit))
 
     def add_dead_letter(
         self, *, identity: str, message_id: str, envelope: bytes, reason: str, error: str, attempts: int,

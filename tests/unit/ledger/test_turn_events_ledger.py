@@ -7,7 +7,7 @@ import pytest
 from test_ledger import backend, clock, grant, ledger, register  # noqa: F401 - fixtures and helpers
 
 from rayfleet.errors import InvalidSpecError
-from rayfleet.ledger._turn_rows import TurnEventRow
+from rayfleet.ledger._turn_rows import TurnEventRow, TurnWrite
 
 
 def _event(epoch: int, seq: int, *, turn_id: str = "t1", kind: str = "status", identity: str = "a",
@@ -89,3 +89,40 @@ def test_deleting_an_identity_forgets_its_streams(ledger):
     ledger.append_turn_events(events=[_event(token, 1)])
     ledger.delete(identity="a", fencing_token=token)
     assert ledger.turn_events(identity="a", turn_id="t1") == []
+
+
+def test_streams_abandoned_without_an_end_are_forgotten_unless_their_turn_is_in_progress(ledger):
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    for turn_id, status in (("suspended", "SUSPENDED"), ("running", "RUNNING"), ("failed", "FAILED")):
+        ledger.write_turn(identity="a", fencing_token=token, turn=TurnWrite(
+            turn_id=turn_id, method="m", envelope=b"e", status=status))
+    seq = iter(range(1, 100))
+
+    def stream(turn_id: str, *kinds_at: tuple[str, float]) -> list[TurnEventRow]:
+        return [_event(token, next(seq), turn_id=turn_id, kind=kind, at=at) for kind, at in kinds_at]
+
+    ledger.append_turn_events(events=[
+        *stream("cut", ("started", 10.0), ("status", 11.0)),            # cut off, never sent again: forgotten
+        *stream("plain", ("started", 12.0)),                             # no journal row at all: forgotten
+        *stream("failed", ("started", 13.0), ("status", 14.0)),          # journal says it is over: forgotten
+        *stream("suspended", ("started", 15.0), ("suspended", 16.0)),    # waits (for days, maybe): kept
+        *stream("running", ("started", 17.0)),                           # in the journal as running: kept
+        *stream("ended", ("started", 18.0), ("completed", 19.0)),        # retention's, not this sweep's
+        *stream("recent", ("started", 20.0), ("status", 50.0)),          # wrote since idle_before: kept
+        *stream("new", ("started", 60.0)),                               # started after idle_before: kept
+    ])
+    # Two candidates a batch, each batch after the last one's cursor.
+    first = ledger.purge_abandoned_turn_events(idle_before=40.0, limit=2)
+    assert first.forgotten == 2 and first.next_after == 12.0
+    second = ledger.purge_abandoned_turn_events(idle_before=40.0, after=first.next_after, limit=2)
+    assert second.forgotten == 1 and second.next_after == 15.0
+    rest = [ledger.purge_abandoned_turn_events(idle_before=40.0, after=15.0, limit=2),
+            ledger.purge_abandoned_turn_events(idle_before=40.0, after=18.0, limit=2)]
+    assert [sweep.forgotten for sweep in rest] == [0, 0] and rest[-1].next_after is None
+    for turn_id in ("cut", "plain", "failed"):
+        assert ledger.turn_events(identity="a", turn_id=turn_id) == []
+    for turn_id in ("suspended", "running", "ended", "recent", "new"):
+        assert ledger.turn_events(identity="a", turn_id=turn_id), turn_id
+    with pytest.raises(InvalidSpecError):
+        ledger.purge_abandoned_turn_events(idle_before=40.0, limit=0)

@@ -395,3 +395,20 @@ async def test_a_committed_turn_writes_its_end_event_in_its_commit(ledger: Ledge
         await asyncio.wait_for(a.delivery.deliver(envelope), 20)
         assert persisted(ledger, envelope.message_id)[-1][1] == "completed"
         await asyncio.wait_for(watching, 20)
+
+
+async def test_a_stream_whose_turn_was_cut_off_and_never_sent_again_is_forgotten_in_time(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
+        hub = a.delivery.streams
+        hub.begin("w/1", "t-cut", "write")
+        hub.emit("w/1", "t-cut", "status", "null")
+        await hub.settle("t-cut")
+        hub.end("t-cut", "")  # stopped without an end (its lease went), and nobody sends it again
+        assert [kind for _, kind in persisted(ledger, "t-cut")] == ["started", "status"]
+        assert await a.sweep_streams() == 0  # kept a week by default
+        a.abandoned_stream_age = 0.0
+        assert await a.sweep_streams() == 1
+        assert persisted(ledger, "t-cut") == []
