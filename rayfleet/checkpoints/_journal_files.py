@@ -97,6 +97,14 @@ class JournalFileStore:
         """
         return self._storage.read_bytes(relative)
 
+    def delete(self, relative: str) -> None:
+        """Remove the file at ``relative`` (a step value whose journal is gone); a missing one is no error.
+
+        Raises:
+            OSError: if the filesystem refuses.
+        """
+        self._storage.delete(relative)
+
     def list_files(self) -> list[str]:
         """Relative paths of every published file under ``journal/``, sorted."""
         return sorted(

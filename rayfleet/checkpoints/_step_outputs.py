@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import cloudpickle
@@ -74,6 +75,11 @@ def spill_output(blob: bytes, files: JournalFileStore, *, run_id: str, label: st
         raise ValueError(f"cannot spill an encoded output of kind {kind!r}")
     pointer = {"kind": kind.decode(), "path": path, "size": len(blob)}
     return b"F" + json.dumps(pointer, separators=(",", ":")).encode()
+
+
+def spilled_paths(blobs: Iterable[bytes | None]) -> list[str]:
+    """The storage paths the pointers among ``blobs`` name (see :func:`spill_output`); other blobs are skipped."""
+    return [str(json.loads(blob[1:])["path"]) for blob in blobs if blob and blob[:1] == b"F"]
 
 
 def decode_output(blob: bytes, files: JournalFileStore | None = None) -> Any:

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import cloudpickle
 
 from ..checkpoints._journal_files import JournalFileStore
-from ..checkpoints._step_outputs import SPILL_THRESHOLD, encode_output
+from ..checkpoints._step_outputs import SPILL_THRESHOLD, encode_output, spilled_paths
 from ..errors import (
     AgentBusyError,
     ApprovalConflictError,
@@ -403,6 +403,28 @@ class Delivery:
 
     # -- suspended turns ---------------------------------------------------------------
 
+    def _forget_spilled(self, identity: str, paths: list[str]) -> None:
+        """Delete the storage files of step values whose journal is gone (its turn's end committed).
+
+        In the background, after the end: a host that dies first, or a storage that refuses,
+        leaves the files behind (logged), never a journal pointing at a missing file.
+        """
+        files = self._journal_files
+        if not paths or files is None:
+            return
+
+        def delete() -> None:
+            for path in paths:
+                files.delete(path)
+
+        async def forget() -> None:
+            try:
+                await asyncio.to_thread(delete)
+            except Exception as error:  # noqa: BLE001 - the turn is over either way; see the docstring
+                log.warning("could not delete %d spilled step values of %s: %s", len(paths), identity, error)
+
+        self._in_background(forget(), name=f"forget spilled values of {identity}")
+
     def _in_background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._background.add(task)
@@ -425,9 +447,12 @@ class Delivery:
         turn_id = entry.suspended_turn
         assert turn_id is not None
         interrupted = TurnInterruptedError(identity=entry.spec.identity, turn_id=turn_id, by=by)
+        record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
         await self._activations.fenced_write(entry, "interrupt a turn", lambda token: self._ledger.end_turn(
             identity=entry.spec.identity, fencing_token=token,
             ended=TurnEnd(turn_id=turn_id, status=TurnStatus.INTERRUPTED.value, error=interrupted.message)))
+        if record is not None:
+            self._forget_spilled(entry.spec.identity, spilled_paths(step.value for step in record.entries))
         entry.suspended_turn = None
         entry.suspended_key = None
         self._metrics.turn_event(entry.agent_class, "interrupted")
@@ -777,6 +802,8 @@ class Delivery:
                 streams.end(turn_id, "")
                 self._end_steering(entry, envelope.message_id, error=error)
                 raise
+            if durable:
+                self._forget_spilled(envelope.target, turn.spilled_files())
         await streams.complete(turn_id, _completed_data(value) if streamed else None, written=closing)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
@@ -875,8 +902,9 @@ class Delivery:
                 if by is not None and isinstance(stopped, asyncio.CancelledError):
                     interrupted = TurnInterruptedError(identity=envelope.target, turn_id=envelope.message_id, by=by)
                     self._metrics.turn_event(entry.agent_class, "interrupted")
-                    if turn.journaled:
-                        await self._end_turn(entry, envelope.message_id, TurnStatus.INTERRUPTED, interrupted.message)
+                    if turn.journaled and await self._end_turn(entry, envelope.message_id, TurnStatus.INTERRUPTED,
+                                                               interrupted.message):
+                        self._forget_spilled(envelope.target, turn.spilled_files())
                     raise interrupted from None
                 raise
             except Exception as error:
@@ -907,7 +935,8 @@ class Delivery:
                 await self._dead_letter(envelope, reason, failure.message, attempts=attempt + 1)
                 if turn.journaled:
                     self._metrics.turn_event(entry.agent_class, "failed")
-                    await self._end_turn(entry, envelope.message_id, TurnStatus.FAILED, failure.message)
+                    if await self._end_turn(entry, envelope.message_id, TurnStatus.FAILED, failure.message):
+                        self._forget_spilled(envelope.target, turn.spilled_files())
                 raise failure from None
             finally:
                 CURRENT_TURN.reset(current)
@@ -919,8 +948,8 @@ class Delivery:
             return outcome, Usage()
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
-    async def _end_turn(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: str) -> None:
-        """End a durable turn that commits nothing (failed, interrupted); never raises.
+    async def _end_turn(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: str) -> bool:
+        """End a durable turn that commits nothing (failed, interrupted); whether it was ended. Never raises.
 
         A turn that could not be ended stays in the ledger as it was, and the next
         delivery of its message resumes it from its journal; the caller already has its
@@ -933,6 +962,8 @@ class Delivery:
             ))
         except Exception as problem:  # noqa: BLE001 - see the docstring
             log.warning("could not end turn %s of %s: %s", turn_id, entry.spec.identity, problem)
+            return False
+        return True
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
         """Record ``envelope`` in the dead-letter log; never raises.

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import cloudpickle
 
 from ..checkpoints._journal_files import JournalFileStore
-from ..checkpoints._step_outputs import SPILL_THRESHOLD, decode_output, encode_output, spill_output
+from ..checkpoints._step_outputs import SPILL_THRESHOLD, decode_output, encode_output, spill_output, spilled_paths
 from ..errors import (
     InvalidSpecError,
     NonDeterminismError,
@@ -252,6 +252,11 @@ class TurnContext:
         if self._journal is not None:
             self._journal[position] = entry
         return [value for _, value in fresh]
+
+    def spilled_files(self) -> list[str]:
+        """The storage files holding this turn's step values (those its journal points at, as far as
+        this context read or wrote it): what may be deleted once the turn's end is committed."""
+        return spilled_paths(entry.value for entry in (self._journal or {}).values())
 
     def replaying(self) -> bool:
         """Whether the handler is still before the last entry of its journal (a replay that has not caught up)."""

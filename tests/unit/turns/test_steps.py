@@ -79,8 +79,14 @@ class Orders(rf.Agent):
         return "unreachable"
 
     @rf.handler
-    async def big(self) -> int:
+    async def big(self, hold: str = "", fail: bool = False, wait: bool = False) -> int:
         blob = await self.step("blob", effect, "big", b"x" * (300 * 1024))
+        if hold and hold in HOLD:
+            await HOLD.pop(hold).wait()
+        if fail:
+            raise ValueError("no")
+        if wait:
+            await self.wait_signal("never")
         return len(blob)
 
     @rf.handler
@@ -212,10 +218,39 @@ async def test_a_step_error_is_an_outcome_and_a_retry_of_the_turn_replays_it(led
     assert EFFECTS == ["fail"]
 
 
-async def test_a_large_step_value_lives_in_storage_and_a_replay_reads_it_back(ledger: Ledger, tmp_path: Path) -> None:
+async def until_gone(folder: Path) -> None:
+    for _ in range(500):
+        if not list(folder.rglob("*.bin")):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"spilled step values left behind: {list(folder.rglob('*.bin'))}")
+
+
+async def test_a_large_step_value_lives_in_storage_until_its_turn_ends(ledger: Ledger, tmp_path: Path) -> None:
+    envelope = rf.Envelope(target="shop/1", method="big", kwargs={"hold": "crash"})
     async with host(ledger, tmp_path, "a") as a:
-        assert (await deliver(a, "shop/1", "big")).value == 300 * 1024
-    assert list((tmp_path / "journal").rglob("*.bin"))
+        dying = await kill_mid_turn(ledger, a, envelope, "crash")
+        assert len(list((tmp_path / "journal").rglob("*.bin"))) == 1  # the journal points at it
+        async with host(ledger, tmp_path, "b") as b:
+            # The next owner's replay reads the value back from storage: the step does not run again.
+            assert (await b.delivery.deliver(envelope)).value == 300 * 1024
+            assert EFFECTS == ["big"]
+            # The turn's end is committed: its spilled values go with its journal.
+            await until_gone(tmp_path / "journal")
+            with pytest.raises(rf.HandlerError):
+                await deliver(b, "shop/1", "big", kwargs={"fail": True})  # a turn that fails for good ends too
+            await until_gone(tmp_path / "journal")
+            # And one interrupted while it waits, suspended, with nothing of it on any host.
+            waiting = rf.Envelope(target="shop/1", method="big", kwargs={"wait": True})
+            call = asyncio.ensure_future(b.delivery.deliver(waiting))
+            while [turn.status for turn in ledger.turns(identity="shop/1")] != ["SUSPENDED"]:
+                await asyncio.sleep(0.01)
+            assert len(list((tmp_path / "journal").rglob("*.bin"))) == 1
+            assert await b.delivery.cancel_turn("shop/1", waiting.message_id)
+            with pytest.raises(rf.TurnInterruptedError):
+                await asyncio.wait_for(call, 20)
+            await until_gone(tmp_path / "journal")
+        dying.cancel()
 
 
 async def test_a_step_value_that_cannot_be_serialized_fails_the_turn_clearly(ledger: Ledger, tmp_path: Path) -> None:
