@@ -106,14 +106,16 @@ def approvals() -> None:
 @click.option("--status", type=click.Choice(["pending", "approved", "rejected", "all"], case_sensitive=False),
               default="pending", show_default=True, help="Only approvals with this status.")
 @click.option("--identity", default=None, metavar="GLOB", help="Only approvals of identities matching (support/*).")
+@click.option("--run", "run_id", default=None, metavar="RUN_ID", help="Only approvals asked by this workflow run.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True, help="At most this many.")
 @json_option
 @pass_options
-def list_approvals(options: FleetOptions, status: str, identity: str | None, limit: int, as_json: bool) -> None:
+def list_approvals(options: FleetOptions, status: str, identity: str | None, run_id: str | None, limit: int,
+                   as_json: bool) -> None:
     """List approvals, oldest first."""
     with open_fleet(options) as fleet:
         found = fleet.approvals.list(status=None if status.lower() == "all" else status, identity=identity,
-                                     limit=limit)
+                                     limit=limit, run_id=run_id)
     if as_json:
         emit_json(found)
         return

@@ -680,7 +680,7 @@ async def list_approvals(request: web.Request) -> web.Response:
     query = _query(request, ApprovalsQuery)
     size = _page_size(query.limit, gateway.limits)
     found = await _off_loop(gateway.fleet.approvals.list, status=None if query.status == "ALL" else query.status,
-                            identity=query.identity, limit=size)
+                            identity=query.identity, limit=size, run_id=query.run_id)
     return _respond(ApprovalList(approvals=[ApprovalModel.of(info) for info in found]))
 
 

@@ -115,6 +115,8 @@ class ApprovalsQuery(_Request):
         default="PENDING", description="Only approvals with this status (ALL: any).")
     identity: str | None = pydantic.Field(default=None, min_length=1, max_length=200,
                                           description="Only approvals of identities matching this glob (support/*).")
+    run_id: str | None = pydantic.Field(default=None, min_length=1, max_length=200,
+                                        description="Only approvals asked by the steps of this workflow run.")
     limit: int | None = pydantic.Field(default=None, ge=1, description="Approvals to list, oldest first.")
 
 

@@ -733,7 +733,8 @@ class Delivery:
         turn = TurnContext(identity=envelope.target, turn_id=turn_id, method=envelope.method,
                            envelope=lambda: cloudpickle.dumps(dataclasses.replace(envelope, wake=False)),
                            port=_HostJournal(self, entry), wall_clock=self._wall_clock,
-                           stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class))
+                           stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class),
+                           run_id=envelope.workflow_run())
         entry.running_turn = turn_id
         streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
         if turn_id in (entry.suspended_turn, entry.recovered_turn):

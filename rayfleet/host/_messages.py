@@ -31,6 +31,8 @@ SEQUENCE_MAP_SOFT_CAP = 16_384
 SEQUENCE_ENTRY_TTL = 600.0
 SEQUENCE_SWEEP_INTERVAL = 1.0
 EXTERNAL_SENDER = "external"
+WORKFLOW_SENDER_PREFIX = "workflow:"
+"""The sender of a workflow run's steps is ``workflow:<run id>`` (see :func:`workflow_sender`)."""
 RECENT_MESSAGES = 16
 """Message ids of an agent's last state-changing turns without an idempotency key, remembered with its checkpoint.
 
@@ -131,6 +133,19 @@ class Envelope:
         """
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}message{DEDUP_SCOPE_SEPARATOR}{self.message_id}"
 
+    def workflow_run(self) -> str:
+        """The run whose step this message is (``""``: none): named by the step's journal, else by its sender.
+
+        Only attribution rests on the sender (an approval's ``run_id``): an agent named
+        ``workflow:<x>`` could claim a run that way, but never journal into one, which
+        takes the run's token.
+        """
+        if self.journal is not None:
+            return self.journal[0]
+        if self.sender is not None and self.sender.startswith(WORKFLOW_SENDER_PREFIX):
+            return self.sender[len(WORKFLOW_SENDER_PREFIX):]
+        return ""
+
     def wire(self) -> EnvelopeWire:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
         return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
@@ -151,6 +166,11 @@ class Envelope:
                 field="envelope",
             )
         return cls(**dict(zip(_WIRE_FIELDS, wire, strict=True)))
+
+
+def workflow_sender(run_id: str) -> str:
+    """The sender that workflow run ``run_id``'s step messages carry (:meth:`Envelope.workflow_run` reads it back)."""
+    return WORKFLOW_SENDER_PREFIX + run_id
 
 
 EnvelopeWire = tuple[Any, ...]

@@ -19,6 +19,7 @@ from ..identity._values import SnapshotPointer as SnapshotPointer
 from ._contract import LedgerCall as LedgerCall
 from ._contract import LedgerClient as LedgerClient
 from ._location import LedgerLocation as LedgerLocation
+from ._turn_rows import AbandonedSweep as AbandonedSweep
 from ._turn_rows import ApprovalRequest as ApprovalRequest
 from ._turn_rows import ApprovalResolved as ApprovalResolved
 from ._turn_rows import ApprovalRow as ApprovalRow
@@ -72,6 +73,7 @@ __all__ = [
     "TurnEntryState",
     "TurnWrite",
     # What operations return
+    "AbandonedSweep",
     "Activation",
     "ApprovalResolved",
     "ApprovalRow",

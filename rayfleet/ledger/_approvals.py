@@ -35,9 +35,9 @@ def request(
     """Keep the approval (once per id) and, while it is pending, write ``turn`` (the suspension); return the row."""
     _turns.check_fence(tx, identity, fencing_token)
     tx.execute(
-        f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, '', ?, ?, ?, ?, ?, 1, '', '', NULL, ?, NULL, ?, ?, ?) "
+        f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, '', '', NULL, ?, NULL, ?, ?, ?) "
         "ON CONFLICT (approval_id) DO NOTHING",
-        (asked.approval_id, identity, asked.turn_id, asked.position, asked.subject, asked.data,
+        (asked.approval_id, identity, asked.turn_id, asked.run_id, asked.position, asked.subject, asked.data,
          json.dumps(list(asked.approvers)), PENDING, now, asked.due, asked.on_timeout,
          json.dumps([{"at": now, "action": "requested", "by": identity, "comment": asked.subject, "version": 1}])),
     )
@@ -94,10 +94,15 @@ def get(tx: Transaction, approval_id: str) -> ApprovalRow | None:
     return None if row is None else _row(row)
 
 
-def listing(tx: Transaction, *, status: str | None, identity: str | None, limit: int) -> list[ApprovalRow]:
-    """Approvals with ``status`` (or any), of identities matching ``identity`` (a glob: ``support/*``), oldest first."""
+def listing(tx: Transaction, *, status: str | None, identity: str | None, limit: int,
+            run_id: str | None = None) -> list[ApprovalRow]:
+    """Approvals with ``status`` (or any), of identities matching ``identity`` (a glob: ``support/*``) and
+    asked in workflow run ``run_id`` (or any), oldest first."""
     where: list[str] = []
     parameters: list[object] = []
+    if run_id is not None:
+        where.append("run_id = ?")
+        parameters.append(run_id)
     if status is not None:
         where.append("status = ?")
         parameters.append(status)

@@ -366,8 +366,9 @@ class LedgerClient(Protocol):
 
     def approvals(
         self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+        run_id: str | None = None,
     ) -> LedgerCall[list[ApprovalRow]]:
-        """Approvals by status and identity glob, oldest first."""
+        """Approvals by status, identity glob and workflow run, oldest first."""
         ...
 
     def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:

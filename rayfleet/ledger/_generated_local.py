@@ -257,8 +257,9 @@ class LocalOperations(LocalTransport):
 
     def approvals(
         self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+        run_id: str | None = None,
     ) -> LedgerCall[list[ApprovalRow]]:
-        return self._run(self.ledger.approvals, status=status, identity=identity, limit=limit)
+        return self._run(self.ledger.approvals, status=status, identity=identity, limit=limit, run_id=run_id)
 
     def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:
         return self._run(self.ledger.set_timer, identity=identity, fencing_token=fencing_token, timer=timer)

@@ -812,11 +812,14 @@ class Ledger:
 
     def approvals(
         self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+        run_id: str | None = None,
     ) -> list[ApprovalRow]:
-        """Approvals with ``status`` (``None``: any) of identities matching the glob ``identity``, oldest first."""
+        """Approvals with ``status`` (``None``: any) of identities matching the glob ``identity``, asked in
+        workflow run ``run_id`` (``None``: any), oldest first."""
         if limit <= 0:
             raise InvalidSpecError(f"limit must be positive, got {limit!r}", field="limit")
-        return self._db.read(lambda tx: _approvals.listing(tx, status=status, identity=identity, limit=limit))
+        return self._db.read(lambda tx: _approvals.listing(tx, status=status, identity=identity, limit=limit,
+                                                           run_id=run_id))
 
     def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> None:
         """Register a reminder or schedule (fenced), replacing one of the same name."""

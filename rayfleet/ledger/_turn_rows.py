@@ -138,6 +138,8 @@ class ApprovalRequest:
     due: float | None = None
     """When the timeout decides it (wall-clock seconds), or ``None``."""
     on_timeout: str = "reject"
+    run_id: str = ""
+    """The workflow run whose step started the turn (``""``: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,10 +27,11 @@ class ApprovalsClient:
         self._courier = courier
 
     def list(self, *, status: str | None = "PENDING", identity: str | None = None,
-             limit: int = 1000) -> list[ApprovalInfo]:
+             limit: int = 1000, run_id: str | None = None) -> list[ApprovalInfo]:
         """Approvals with ``status`` (``None``: any) of identities matching the glob ``identity``, oldest first.
 
-        ``identity="support/*"`` lists the approvals of every identity under ``support/``.
+        ``identity="support/*"`` lists the approvals of every identity under ``support/``;
+        ``run_id`` only those asked by the steps of that workflow run.
 
         Raises:
             InvalidSpecError: an unknown status or a limit below 1.
@@ -39,7 +40,7 @@ class ApprovalsClient:
             raise InvalidSpecError(f"status must be one of {', '.join(STATUSES)} or None, got {status!r}",
                                    field="status")
         rows = self._ledger.approvals(status=None if status is None else status.upper(), identity=identity,
-                                      limit=limit).result()
+                                      limit=limit, run_id=run_id).result()
         return [approval_info(row) for row in rows]
 
     def get(self, approval_id: str) -> ApprovalInfo:

@@ -275,8 +275,11 @@ class ActorOperations:
 
     def approvals(
         self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+        run_id: str | None = None,
     ) -> Answer[list[ApprovalRow]]:
-        return answer(self._refusal, self._ledger.approvals, status=status, identity=identity, limit=limit)
+        return answer(
+            self._refusal, self._ledger.approvals, status=status, identity=identity, limit=limit, run_id=run_id,
+        )
 
     def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> Answer[None]:
         return answer(
@@ -630,8 +633,9 @@ class RayOperations(RayTransport):
 
     def approvals(
         self, *, status: str | None = "PENDING", identity: str | None = None, limit: int = 1000,
+        run_id: str | None = None,
     ) -> LedgerCall[list[ApprovalRow]]:
-        return RayCall(self.actor.approvals.remote(status=status, identity=identity, limit=limit))
+        return RayCall(self.actor.approvals.remote(status=status, identity=identity, limit=limit, run_id=run_id))
 
     def set_timer(self, *, identity: str, fencing_token: int, timer: TimerSpec) -> LedgerCall[None]:
         return RayCall(self.actor.set_timer.remote(identity=identity, fencing_token=fencing_token, timer=timer))

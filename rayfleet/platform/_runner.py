@@ -31,7 +31,7 @@ from ..errors import (
     StaleRunTokenError,
     WorkflowError,
 )
-from ..host._messages import Envelope
+from ..host._messages import Envelope, workflow_sender
 from ..identity._agent import AgentSpec
 from ..ledger._contract import LedgerClient
 from ..ledger._location import LedgerLocation
@@ -62,7 +62,7 @@ class RayDispatcher:
     def __init__(self, courier: Courier, run_id: str) -> None:
         self._courier = courier
         self._ledger = courier.ledger
-        self._sender = f"workflow:{run_id}"
+        self._sender = workflow_sender(run_id)
 
     async def call(
         self, *, target: str, method: str, payload: Mapping[str, Any], idempotency_key: str, timeout: float,
@@ -217,7 +217,7 @@ async def execute_run(
     """
     engine = WorkflowEngine(
         workflow, run_id=run_id, dispatcher=RayDispatcher(courier, run_id),
-        journal=LedgerJournal(courier.ledger, files), sender=f"workflow:{run_id}", holder=holder,
+        journal=LedgerJournal(courier.ledger, files), sender=workflow_sender(run_id), holder=holder,
         takeover_from=takeover_from, lease_ttl=lease_ttl, metrics=_RUN_METRICS,
     )
     return await engine.run()

@@ -175,12 +175,14 @@ class TurnContext:
 
     def __init__(self, *, identity: str, turn_id: str, method: str, envelope: Callable[[], bytes],
                  port: JournalPort, wall_clock: Callable[[], float] = time.time,
-                 stream: StreamPort | None = None) -> None:
+                 stream: StreamPort | None = None, run_id: str = "") -> None:
         self._stream = stream
         self._wall_clock = wall_clock
         self.identity = identity
         self.turn_id = turn_id
         self.method = method
+        self.run_id = run_id
+        """The workflow run whose step sent this turn's message (``""``: none); its approvals name it."""
         self._envelope = envelope
         self._envelope_bytes: bytes | None = None
         self._port = port
@@ -353,7 +355,7 @@ class TurnContext:
         approval_id = approval_id_of(self.identity, self.turn_id, position)
         request = ApprovalRequest(approval_id=approval_id, turn_id=self.turn_id, position=position, subject=subject,
                                   data=encode_value(f"data of approval {subject!r}", data), approvers=names,
-                                  due=due, on_timeout=on_timeout)
+                                  due=due, on_timeout=on_timeout, run_id=self.run_id)
         waiting_for = "approval:" + approval_id
         row = await self._port.request_approval(request, self._turn_write(found, waiting_for=waiting_for,
                                                                           wake_at=due))

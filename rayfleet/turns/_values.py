@@ -124,8 +124,8 @@ class ApprovalInfo:
     turn_id: str
     """The waiting turn."""
     run_id: str
-    """Reserved for a workflow run's own column; ``""`` today (a workflow's approval step names its run in
-    ``data["run"]`` and its identity)."""
+    """The workflow run whose step asked (a ``wf.approval`` step, or any step whose turn asks); ``""`` for
+    an agent's own turn. ``fleet.approvals.list(run_id=...)`` lists one run's."""
     subject: str
     data: Any
     approvers: tuple[str, ...]

@@ -373,6 +373,7 @@ def test_signal_and_approvals_list_show_approve_reject(shared: CliFleet) -> None
         (approval,) = pending
         assert (approval["subject"], approval["status"], approval["data"]) == ("refund", "PENDING",
                                                                               {"subject": "refund"})
+        assert shared.data("approvals", "list", "--run", "no-such-run", "--json") == []
         shown = shared.run("approvals", "show", approval["id"])
         assert shown.exit_code == 0 and "refund" in shown.stdout and "alice, bob" in shown.stdout
         refused(shared.run("approvals", "approve", approval["id"], "--by", "mallory"), 2, "approvers")

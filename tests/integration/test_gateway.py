@@ -441,6 +441,9 @@ async def test_approvals_list_get_and_decide_once(http: aiohttp.ClientSession) -
         await asyncio.sleep(0.1)
     (approval,) = body["approvals"]
     assert (approval["subject"], approval["status"], approval["data"]) == ("refund", "PENDING", {"eur": 500})
+    assert approval["run_id"] == ""  # asked outside any workflow run
+    status, body = await answer(await http.get("/v1/approvals", params={"run_id": "no-such-run"}))
+    assert status == 200 and body["approvals"] == []
     status, body = await answer(await http.get(f"/v1/approvals/{approval['id']}"))
     assert status == 200 and body["approvers"] == ["alice", "bob"] and body["audit"][0]["action"] == "requested"
     decision = f"/v1/approvals/{approval['id']}/decision"

@@ -86,6 +86,15 @@ def test_dedup_key_is_scoped_by_sender() -> None:
     assert outside.message_id != rf.Envelope(target="a", method="m").message_id
 
 
+def test_an_envelope_names_the_workflow_run_it_is_a_step_of() -> None:
+    from rayfleet.host._messages import workflow_sender
+    assert rf.Envelope(target="a", method="m").workflow_run() == ""
+    assert rf.Envelope(target="a", method="m", sender="orders/1").workflow_run() == ""
+    assert rf.Envelope(target="a", method="m", sender=workflow_sender("run-7")).workflow_run() == "run-7"
+    journaled = rf.Envelope(target="a", method="m", sender=workflow_sender("run-7"), journal=("run-7", "s", 3))
+    assert journaled.workflow_run() == "run-7"
+
+
 @pytest.mark.parametrize(
     ("fields", "problem"),
     [

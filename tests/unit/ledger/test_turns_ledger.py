@@ -252,6 +252,18 @@ def test_an_approval_is_requested_once_suspends_its_turn_and_is_decided_once(led
     assert ledger.approvals() == []  # none pending
 
 
+def test_approvals_are_listed_by_the_workflow_run_that_asked_them(ledger):
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    for approval_id, turn_id, run_id in (("ap1", "t1", "run-1"), ("ap2", "t2", "run-2"), ("ap3", "t3", "")):
+        request, turn = _asked(approval_id, turn_id, run_id=run_id)
+        ledger.request_approval(identity="a", fencing_token=token, request=request, turn=turn)
+    assert [(r.approval_id, r.run_id) for r in ledger.approvals(run_id="run-1")] == [("ap1", "run-1")]
+    assert [r.approval_id for r in ledger.approvals(run_id="run-2", identity="a")] == ["ap2"]
+    assert ledger.approvals(run_id="run-3") == []
+    assert [r.approval_id for r in ledger.approvals()] == ["ap1", "ap2", "ap3"]
+
+
 def test_a_stale_version_an_unknown_id_and_a_stranger_are_refused(ledger):
     from rayfleet.errors import ApprovalConflictError, InvalidSpecError, UnknownApprovalError
     register(ledger)
