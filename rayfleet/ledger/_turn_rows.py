@@ -93,6 +93,13 @@ class TurnWrite:
     entries_only: bool = False
     """The row exists and keeps its status: write only ``entries`` (a running turn's next step),
     which spares the row's indexes a write per step. ``envelope`` may then be empty."""
+    flush: bool = True
+    """Answer only once the write is on disk. ``False`` for a write whose loss only means what
+    it records is done again (a ``retry`` step's outcome): a store may then answer once the
+    write is committed and visible, before its log reaches the disk (PostgreSQL:
+    ``synchronous_commit`` off for that transaction). Only the store's own crash can lose
+    it, never a host's; and a later flushed write (the turn's commit, a suspension) makes it
+    durable too, the log being written in order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -63,12 +63,19 @@ def alone(identity: str, fencing_token: int, turn: TurnWrite, now: float | Store
     Run as a transaction of its own it writes the row and the entries only where the
     token is the identity's high-water mark, and answers one row: how many fences
     passed (0 or 1). A write that did not pass wrote nothing; :func:`write` then names
-    the refusal. (On PostgreSQL: one round trip, where the transaction takes five.)
+    the refusal. (On PostgreSQL: one round trip, where the transaction takes five.) A
+    write that need not wait for the disk (``turn.flush`` false) says so in the same
+    statement.
     """
     stamp = now.sql if isinstance(now, StoreClock) else "?"
     stamps: list[object] = [] if isinstance(now, StoreClock) else [now, now]
     parameters: list[object] = [identity, fencing_token]
-    parts = ["fenced AS (SELECT identity FROM fences WHERE identity = ? AND high_water = ?)"]
+    if turn.flush:
+        parts = ["fenced AS (SELECT identity FROM fences WHERE identity = ? AND high_water = ?)"]
+    else:
+        # Local to this statement's transaction; referenced by ``fenced`` so that it runs.
+        parts = ["relaxed AS (SELECT set_config('synchronous_commit', 'off', true))",
+                 "fenced AS (SELECT identity FROM fences, relaxed WHERE identity = ? AND high_water = ?)"]
     if not turn.entries_only:
         parts.append(
             "turn_row AS (INSERT INTO turns (identity, turn_id, method, status, envelope, waiting_for, wake_at, "

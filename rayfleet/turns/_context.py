@@ -219,14 +219,15 @@ class TurnContext:
             self._row_status = None if record is None else record.status
         return self._journal
 
-    def _turn_write(self, entry: TurnEntry, *, waiting_for: str = "", wake_at: float | None = None) -> TurnWrite:
+    def _turn_write(self, entry: TurnEntry, *, waiting_for: str = "", wake_at: float | None = None,
+                    flush: bool = True) -> TurnWrite:
         status = "SUSPENDED" if waiting_for else "RUNNING"
         # Steering reads not journaled yet go first: they come before this entry.
         entries = (*self._unwritten, entry)
         if status == "RUNNING" and self._row_status == "RUNNING":
             # The row says what it should: the next step of a running turn writes its entry only.
             return TurnWrite(turn_id=self.turn_id, method=self.method, envelope=b"", entries=entries,
-                             entries_only=True)
+                             entries_only=True, flush=flush and not self._unwritten)
         if self._envelope_bytes is None:
             self._envelope_bytes = self._envelope()
         return TurnWrite(turn_id=self.turn_id, method=self.method, envelope=self._envelope_bytes, status=status,
@@ -295,8 +296,8 @@ class TurnContext:
         self.journaled = True
         self._row_status = status
 
-    async def _write(self, entry: TurnEntry) -> None:
-        await self._port.write(self._turn_write(entry))
+    async def _write(self, entry: TurnEntry, *, flush: bool = True) -> None:
+        await self._port.write(self._turn_write(entry, flush=flush))
         self._journaled(entry)
 
     async def _suspend(self, entry: TurnEntry, waiting_for: str, wake_at: float | None) -> TurnSuspended:
@@ -438,6 +439,7 @@ class TurnContext:
         elif policy == "unknown":
             await self._write(TurnEntry(position=position, kind=TurnEntryKind.STEP, name=name,
                                            state=TurnEntryState.REQUESTED))
+        flush_outcome = policy != "retry"  # see the outcome's write below
         marker = CURRENT_STEP_KEY.set(self._key(position))
         self.steps_run += 1
         try:
@@ -447,11 +449,15 @@ class TurnContext:
         except Exception as error:
             if is_retryable(error):
                 raise  # not an outcome: the turn's retry runs the step again
-            await self._write(self._completed(position, name, self._encode_error(error)))
+            await self._write(self._completed(position, name, self._encode_error(error)), flush=flush_outcome)
             raise
         finally:
             CURRENT_STEP_KEY.reset(marker)
-        await self._write(self._completed(position, name, self._encode_value(name, position, value)))
+        # A retry step's outcome lost with the store's log is the step run again, as after a
+        # host's death before the write: so it need not wait for the disk. An ``unknown``
+        # step's must, or a replay would report a step that completed as unknown.
+        await self._write(self._completed(position, name, self._encode_value(name, position, value)),
+                          flush=flush_outcome)
         self._boundary("step", {"name": name, "position": position})
         return value
 

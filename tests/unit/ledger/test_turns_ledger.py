@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_ledger import backend, clock, commit, grant, ledger, register  # noqa: F401 - fixtures and helpers
+from test_ledger import PostgresBackend, backend, clock, commit, grant, ledger, register  # noqa: F401 - fixtures and helpers
 
 from rayfleet.errors import StaleFencingTokenError
 from rayfleet.ledger._turn_rows import ApprovalRequest, TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState, TurnWrite
@@ -57,6 +57,41 @@ def test_a_stale_owner_cannot_journal(ledger, clock):
     record = ledger.turn(identity="a", turn_id="t1")
     assert record is not None and record.status == "RUNNING"
     assert [(e.position, e.value) for e in record.entries] == [(0, b"new")]
+
+
+def test_a_write_that_need_not_wait_for_the_disk_is_written_and_fenced_like_any(ledger, clock):
+    register(ledger)
+    old = grant(ledger, "h1", ttl=1.0).fencing_token
+    _write(ledger, old, _step(0, "first"))
+    _write(ledger, old, _step(1, "second"), entries_only=True, flush=False)
+    clock.advance(2.0)
+    new = grant(ledger, "h2").fencing_token
+    with pytest.raises(StaleFencingTokenError):
+        _write(ledger, old, _step(2, "zombie"), entries_only=True, flush=False)
+    _write(ledger, new, _step(2, "third"), entries_only=True, flush=False)
+    assert [e.name for e in ledger.turn(identity="a", turn_id="t1").entries] == ["first", "second", "third"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)  # synchronous_commit is PostgreSQL's
+def test_on_postgresql_an_unflushed_write_turns_synchronous_commit_off_for_its_own_transaction_only(backend, clock):
+    assert isinstance(backend, PostgresBackend)
+    led = backend.open(clock)
+    register(led)
+    token = grant(led, "h1").fencing_token
+    _write(led, token, _step(0, "first"))
+    turn = TurnWrite(turn_id="t1", method="go", envelope=b"", entries=(_step(1, "second"),), entries_only=True)
+
+    def settings(tx, write: TurnWrite) -> tuple[str, str]:
+        statement = led.write_turn_alone(identity="a", fencing_token=token, turn=write)
+        assert statement is not None
+        before = tx.execute("SHOW synchronous_commit").fetchone()[0]
+        assert statement.answer(tx.execute(statement.sql, statement.parameters).fetchall())
+        return before, tx.execute("SHOW synchronous_commit").fetchone()[0]
+
+    assert led._db.write(lambda tx: settings(tx, dataclasses.replace(turn, flush=False))) == ("on", "off")
+    for _ in range(4):  # on every connection of the pool: the first one's setting did not outlive it
+        assert led._db.write(lambda tx: settings(tx, turn)) == ("on", "on")
+    assert [e.name for e in led.turn(identity="a", turn_id="t1").entries] == ["first", "second"]
 
 
 def test_a_commit_ends_its_turn_in_the_same_transaction_and_a_refused_one_does_not(ledger, clock):

@@ -260,3 +260,40 @@ async def test_a_step_value_that_cannot_be_serialized_fails_the_turn_clearly(led
         assert failed.value.remote_type.endswith("StepValueError")
         assert "'lock'" in failed.value.remote_message and "cannot be journaled" in failed.value.remote_message
         assert (await deliver(a, "shop/1", "order")).value == ["first", "second"]  # still serving
+
+
+class _RecordingJournal:
+    """A journal port that keeps what a turn writes (the turn context alone, no host)."""
+
+    files = None
+
+    def __init__(self) -> None:
+        self.writes: list[Any] = []
+
+    async def read(self, turn_id: str) -> None:
+        return None
+
+    async def write(self, turn: Any) -> None:
+        self.writes.append(turn)
+
+    def take_steering(self) -> list[Any]:
+        return []
+
+
+def test_only_a_retry_steps_outcome_may_skip_waiting_for_the_disk() -> None:
+    from rayfleet.turns._context import TurnContext
+
+    port = _RecordingJournal()
+    turn = TurnContext(identity="a", turn_id="t1", method="go", envelope=lambda: b"envelope",
+                       port=port)  # type: ignore[arg-type]
+
+    async def steps() -> None:
+        await turn.step("opens the row", effect, ("one",), {}, "retry")
+        await turn.step("plain", effect, ("two",), {}, "retry")
+        await turn.step("once", effect, ("three",), {}, "unknown")
+
+    asyncio.run(steps())
+    written = [(w.entries[-1].name, w.entries[-1].state.value, w.flush) for w in port.writes]
+    assert written == [("opens the row", "completed", True),  # creates the turn's row
+                       ("plain", "completed", False),
+                       ("once", "requested", True), ("once", "completed", True)]
