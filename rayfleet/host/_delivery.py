@@ -448,16 +448,24 @@ class Delivery:
         assert turn_id is not None
         interrupted = TurnInterruptedError(identity=entry.spec.identity, turn_id=turn_id, by=by)
         record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
-        await self._activations.fenced_write(entry, "interrupt a turn", lambda token: self._ledger.end_turn(
-            identity=entry.spec.identity, fencing_token=token,
-            ended=TurnEnd(turn_id=turn_id, status=TurnStatus.INTERRUPTED.value, error=interrupted.message)))
+        closing = None
+        if await self._reopen_stream(entry, turn_id):
+            await self.streams.settle(turn_id)
+            closing = self.streams.closing(turn_id, {"by": by}, "interrupted")
+        try:
+            await self._activations.fenced_write(entry, "interrupt a turn", lambda token: self._ledger.end_turn(
+                identity=entry.spec.identity, fencing_token=token,
+                ended=TurnEnd(turn_id=turn_id, status=TurnStatus.INTERRUPTED.value, error=interrupted.message,
+                              events=() if closing is None else (closing,))))
+        except BaseException:
+            self.streams.stop(turn_id)
+            raise
         if record is not None:
             self._forget_spilled(entry.spec.identity, spilled_paths(step.value for step in record.entries))
         entry.suspended_turn = None
         entry.suspended_key = None
         self._metrics.turn_event(entry.agent_class, "interrupted")
-        if await self._reopen_stream(entry, turn_id):
-            self.streams.end(turn_id, "interrupted", {"by": by})
+        await self.streams.finish(turn_id, {"by": by}, kind="interrupted", written=closing)
         self._settle(turn_id, error=interrupted)
 
     async def _reopen_stream(self, entry: HostedAgent, turn_id: str) -> bool:
@@ -747,13 +755,19 @@ class Delivery:
             self._suspend(entry, envelope, suspended)
             streams.boundary(envelope.target, turn_id, SUSPENDED,
                              {"waiting_for": suspended.waiting_for, "wake_at": suspended.wake_at})
-            streams.end(turn_id, "")
+            streams.stop(turn_id)
             result = TurnResult(value=None, usage=Usage(), checkpoint_version=entry.checkpoint_version,
                                 suspended=True)
             self._end_steering(entry, envelope.message_id, result=result)
             return result
         except BaseException as error:
-            streams.end(turn_id, _stream_end(error), {"error": str(error)[:2000]})
+            ended = _stream_end(error)
+            if ended:
+                # Shown once written, as a completed turn's end (a journaled turn's was
+                # written with its end already, and this finds its stream closed).
+                await streams.finish(turn_id, {"error": str(error)[:2000]}, kind=ended)
+            else:
+                streams.stop(turn_id)
             self._end_steering(entry, envelope.message_id, error=error)
             raise
         finally:
@@ -763,7 +777,7 @@ class Delivery:
                 self._metrics.turn_event(entry.agent_class, "step", turn.steps_run)
         if entry.dropped:
             # The lease went while the handler ran: its State is not this host's to reply with.
-            streams.end(turn_id, "")
+            streams.stop(turn_id)
             raise LeaseLostError(identity=envelope.target, detail="the lease was lost during the turn; retry the call")
         # A durable turn commits at its end whatever the durability: its completion (and
         # the end of its journal) is written in the transaction of its final State.
@@ -800,12 +814,12 @@ class Delivery:
             try:
                 step = await self._activations.commit(entry)
             except BaseException as error:
-                streams.end(turn_id, "")
+                streams.stop(turn_id)
                 self._end_steering(entry, envelope.message_id, error=error)
                 raise
             if durable:
                 self._forget_spilled(envelope.target, turn.spilled_files())
-        await streams.complete(turn_id, _completed_data(value) if streamed else None, written=closing)
+        await streams.finish(turn_id, _completed_data(value) if streamed else None, written=closing)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
         return result
@@ -904,7 +918,7 @@ class Delivery:
                     interrupted = TurnInterruptedError(identity=envelope.target, turn_id=envelope.message_id, by=by)
                     self._metrics.turn_event(entry.agent_class, "interrupted")
                     if turn.journaled and await self._end_turn(entry, envelope.message_id, TurnStatus.INTERRUPTED,
-                                                               interrupted.message):
+                                                               interrupted):
                         self._forget_spilled(envelope.target, turn.spilled_files())
                     raise interrupted from None
                 raise
@@ -936,7 +950,7 @@ class Delivery:
                 await self._dead_letter(envelope, reason, failure.message, attempts=attempt + 1)
                 if turn.journaled:
                     self._metrics.turn_event(entry.agent_class, "failed")
-                    if await self._end_turn(entry, envelope.message_id, TurnStatus.FAILED, failure.message):
+                    if await self._end_turn(entry, envelope.message_id, TurnStatus.FAILED, failure):
                         self._forget_spilled(envelope.target, turn.spilled_files())
                 raise failure from None
             finally:
@@ -949,21 +963,30 @@ class Delivery:
             return outcome, Usage()
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
-    async def _end_turn(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: str) -> bool:
+    async def _end_turn(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: RayfleetError) -> bool:
         """End a durable turn that commits nothing (failed, interrupted); whether it was ended. Never raises.
 
-        A turn that could not be ended stays in the ledger as it was, and the next
-        delivery of its message resumes it from its journal; the caller already has its
-        outcome, which must not be replaced by the ledger's.
+        Its stream's end event is written in the same transaction, and shown after it. A
+        turn that could not be ended stays in the ledger as it was, its stream stopped
+        without an end, and the next delivery of its message resumes it from its journal;
+        the caller already has its outcome, which must not be replaced by the ledger's.
         """
+        kind, data = status.value.lower(), {"error": str(error)[:2000]}
+        closing = None
+        if self.streams.has(turn_id):
+            await self.streams.settle(turn_id)
+            closing = self.streams.closing(turn_id, data, kind)
         try:
             await self._activations.fenced_write(entry, "end turn", lambda token: self._ledger.end_turn(
                 identity=entry.spec.identity, fencing_token=token,
-                ended=TurnEnd(turn_id=turn_id, status=status.value, error=error[:2000]),
+                ended=TurnEnd(turn_id=turn_id, status=status.value, error=error.message[:2000],
+                              events=() if closing is None else (closing,)),
             ))
         except Exception as problem:  # noqa: BLE001 - see the docstring
             log.warning("could not end turn %s of %s: %s", turn_id, entry.spec.identity, problem)
+            self.streams.stop(turn_id)
             return False
+        await self.streams.finish(turn_id, data, kind=kind, written=closing)
         return True
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:

@@ -255,16 +255,9 @@ class StreamHub:
         if agent_class:
             self._metrics.turn_event(agent_class, DELTA)
 
-    def end(self, turn_id: str, status: str, data: Any = None) -> None:
-        """The turn ended here (``failed``, ``interrupted``) or stopped running (``""``).
-
-        A completed turn ends with :meth:`complete` instead, whose end event is durable
-        before it is shown.
-        """
-        stream = self._streams.get(turn_id)
-        if status and stream is not None and stream.active:
-            self._add(stream, status, json.dumps(data, default=str, separators=(",", ":")), persisted=True)
-        self._finish(turn_id, status)
+    def stop(self, turn_id: str) -> None:
+        """The turn stopped running here without ending (suspended, retried elsewhere, its lease lost)."""
+        self._finish(turn_id, "")
 
     async def settle(self, turn_id: str) -> None:
         """Wait until the turn's stream has its ids and every event queued so far is written."""
@@ -274,38 +267,43 @@ class StreamHub:
         await stream.readied.wait()
         await self.flush()
 
-    def closing(self, turn_id: str, data: Any) -> TurnEventRow | None:
-        """The ``completed`` event of a running turn with a stream, given its id but neither
-        queued nor shown: the caller writes it (in the turn's commit) and then passes it to
-        :meth:`complete`. ``None`` if the turn has no stream, or no ids yet (see :meth:`settle`).
+    def closing(self, turn_id: str, data: Any, kind: str = "completed") -> TurnEventRow | None:
+        """The end event (``completed``, ``failed`` or ``interrupted``) of a running turn with a
+        stream, given its id but neither queued nor shown: the caller writes it (in the
+        transaction that ends the turn) and then passes it to :meth:`finish`. ``None`` if the
+        turn has no stream, or no ids yet (see :meth:`settle`).
         """
         stream = self._streams.get(turn_id)
         token = None if stream is None else self._token_of(stream.identity)
         if stream is None or not stream.active or not stream.ready or token is None:
             return None
         epoch, seq = self._next_key(stream, token)
-        return TurnEventRow(identity=stream.identity, turn_id=turn_id, epoch=epoch, seq=seq, kind="completed",
+        return TurnEventRow(identity=stream.identity, turn_id=turn_id, epoch=epoch, seq=seq, kind=kind,
                             data=json.dumps(data, default=str, separators=(",", ":")), at=self._wall_clock())
 
-    async def complete(self, turn_id: str, data: Any, *, written: TurnEventRow | None = None) -> None:
-        """The turn completed here: its ``completed`` event is written, then shown, then the stream ends.
+    async def finish(self, turn_id: str, data: Any, *, kind: str = "completed",
+                     written: TurnEventRow | None = None) -> None:
+        """The turn ended here (``kind``): its end event is written, then shown, then the stream ends.
 
         ``written`` is the event :meth:`closing` gave, already in the ledger; without it the
         event is written now, through the group commit. An end event the ledger refused
-        (the owner changed) is not shown: the stream just ends here.
+        (the owner changed) is not shown: the stream just ends here. So a reader who saw
+        a turn's end finds the whole stream in the ledger, whatever the host does next.
         """
         stream = self._streams.get(turn_id)
+        if stream is not None and stream.ended:
+            return  # ended already (a journaled turn's end was written with the turn's end)
         row = written
         if row is None and stream is not None and stream.active:
             await self.settle(turn_id)
-            row = self.closing(turn_id, data)
+            row = self.closing(turn_id, data, kind)
             if row is not None:
                 self._queue(row)
                 await self.flush()
         if row is not None and stream is not None and self._refused.get(row.identity, 0) < row.epoch:
             stream.append(StreamEvent(key=(row.epoch, row.seq, 0), turn_id=turn_id, kind=row.kind, data=row.data,
                                       at=row.at))
-        self._finish(turn_id, "completed")
+        self._finish(turn_id, kind)
 
     def _finish(self, turn_id: str, status: str) -> None:
         self._running.pop(turn_id, None)

@@ -61,9 +61,10 @@ async def answer(response: aiohttp.ClientResponse) -> tuple[int, Any]:
     return response.status, await response.json()
 
 
-async def sse(http: aiohttp.ClientSession, path: str, on_suspended: Any = None, **headers: str
-              ) -> list[dict[str, Any]]:
-    """Every message of an event stream until it ends: ``{"id", "event", "data"}``."""
+async def sse(http: aiohttp.ClientSession, path: str, on_suspended: Any = None, on_status: Any = None,
+              **headers: str) -> list[dict[str, Any]]:
+    """Every message of an event stream until it ends: ``{"id", "event", "data"}``; the callbacks
+    are awaited as the first ``suspended`` or ``status`` message comes."""
     messages: list[dict[str, Any]] = []
     async with http.get(path, headers=headers) as stream:
         assert stream.status == 200 and stream.content_type == "text/event-stream"
@@ -75,6 +76,9 @@ async def sse(http: aiohttp.ClientSession, path: str, on_suspended: Any = None, 
                     messages.append(message)
                     if message.get("event") == "suspended" and on_suspended is not None:
                         await on_suspended()
+                    if message.get("event") == "status" and on_status is not None:
+                        await on_status()
+                        on_status = None
                 message = {}
             elif not text.startswith(":"):
                 name, _, value = text.partition(": ")
@@ -114,17 +118,13 @@ async def test_a_turn_started_over_http_streams_as_sse_and_resumes_after_last_ev
 async def test_cancel_interrupts_a_turn_started_over_http(http: aiohttp.ClientSession) -> None:
     _, started = await answer(await http.post(f"/v1/agents/{AGENT}/turns/linger"))
     turn_id = started["turn_id"]
-    cancelled = False
-    for _ in range(200):  # the turn reaches its host while this asks
+
+    async def cancel() -> None:  # once the handler runs (it said so on its stream)
         status, body = await answer(await http.post(f"/v1/agents/{AGENT}/turns/{turn_id}/cancel"))
-        assert status == 200 and body["turn_id"] == turn_id
-        if body["cancelled"]:
-            cancelled = True
-            break
-        await asyncio.sleep(0.05)
-    assert cancelled
-    messages = await sse(http, started["events"])
-    assert messages[-1]["event"] == "interrupted"
+        assert status == 200 and body["turn_id"] == turn_id and body["cancelled"] is True
+
+    messages = await sse(http, started["events"], on_status=cancel)
+    assert [message["event"] for message in messages] == ["started", "status", "interrupted"]
     for _ in range(200):
         _, turn = await answer(await http.get(f"/v1/agents/{AGENT}/turns/{turn_id}"))
         if turn["status"] != "RUNNING":

@@ -86,6 +86,12 @@ class Writer(rf.Agent):
         return value
 
     @rf.handler
+    async def stepped_fails(self) -> int:
+        self.emit("status", "before")
+        await self.step("s", lambda: 5)
+        raise ValueError("no stock")
+
+    @rf.handler
     async def many(self, count: int) -> int:
         for index in range(count):
             self.emit("n", index)
@@ -295,7 +301,7 @@ async def test_a_retried_attempt_replays_quietly_after_one_reset(ledger: Ledger,
         "started", "status", "step", "status", "reset", "status", "completed"]
 
 
-async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_the_whole_stream(
+async def test_a_turn_that_fails_before_its_stream_is_ready_shows_its_end_once_the_whole_stream_is_written(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
     async with host(ledger, tmp_path, "a") as a:
@@ -304,8 +310,9 @@ async def test_a_watcher_of_a_turn_that_ended_before_its_stream_was_ready_gets_t
         await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))  # activated: the hub knows the token
         hub.begin("w/1", envelope.message_id, "plain")
         hub.emit("w/1", envelope.message_id, "status", "null")  # starts the stream: its reset check is in flight
-        hub.end(envelope.message_id, "failed", {"error": "boom"})
         assert not hub._streams[envelope.message_id].ready
+        await hub.finish(envelope.message_id, {"error": "boom"}, kind="failed")
+        assert [kind for _, kind in persisted(ledger, envelope.message_id)] == ["started", "status", "failed"]
         events, state, _ = await hub.watch("w/1", envelope.message_id, None, 5.0, in_progress=False)
         assert [event[2] for event in events] == ["started", "status", "failed"] and state == "ended"
 
@@ -375,10 +382,10 @@ async def test_an_end_event_the_ledger_refused_is_never_shown(tmp_path: Path) ->
 
 class EndsNotWrittenAlone(LocalLedgerClient):
     """A ledger client whose stream writer can write every event but an end event (as if
-    the host died just before its group commit wrote it)."""
+    the host died just before its group commit wrote it); ends written with the turn's end pass."""
 
     def append_turn_events(self, *, events):  # type: ignore[no-untyped-def]
-        if any(event.kind == "completed" for event in events):
+        if any(event.kind in ("completed", "failed", "interrupted") for event in events):
             raise ConnectionError("the host died before it wrote the end event")
         return super().append_turn_events(events=events)
 
@@ -406,9 +413,24 @@ async def test_a_stream_whose_turn_was_cut_off_and_never_sent_again_is_forgotten
         hub.begin("w/1", "t-cut", "write")
         hub.emit("w/1", "t-cut", "status", "null")
         await hub.settle("t-cut")
-        hub.end("t-cut", "")  # stopped without an end (its lease went), and nobody sends it again
+        hub.stop("t-cut")  # stopped without an end (its lease went), and nobody sends it again
         assert [kind for _, kind in persisted(ledger, "t-cut")] == ["started", "status"]
         assert await a.sweep_streams() == 0  # kept a week by default
         a.abandoned_stream_age = 0.0
         assert await a.sweep_streams() == 1
         assert persisted(ledger, "t-cut") == []
+
+
+async def test_a_journaled_turn_that_fails_writes_its_end_event_with_its_end(ledger: Ledger, tmp_path: Path) -> None:
+    runtime = HostRuntime(name="a", ledger=EndsNotWrittenAlone(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                          incarnation="a", wake_interval=0.05)
+    async with runtime as a:
+        envelope = rf.Envelope(target="w/1", method="stepped_fails")
+        watching = asyncio.ensure_future(watch_all(a, envelope.message_id))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        with pytest.raises(rf.HandlerError, match="no stock"):
+            await asyncio.wait_for(a.delivery.deliver(envelope), 20)
+        assert persisted(ledger, envelope.message_id)[-1][1] == "failed"  # in the ledger as the caller hears
+        events = await asyncio.wait_for(watching, 20)
+    assert events[-1][2] == "failed" and "no stock" in events[-1][3]
+    assert ledger.turn(identity="w/1", turn_id=envelope.message_id).status == "FAILED"
