@@ -491,6 +491,17 @@ class Delivery:
         in_progress = turn_id in (entry.running_turn, entry.suspended_turn)
         return await self.streams.watch(identity, turn_id, key, wait, in_progress=in_progress)
 
+    def running_turn(self, identity: str) -> tuple[str, str] | None:
+        """``(turn id, method)`` of the turn of ``identity`` running on this host now, or ``None``.
+
+        A read of this host's memory: it activates nothing and starts no stream, so it
+        also sees a turn that journals and streams nothing.
+        """
+        entry = self._entries.get(identity)
+        if entry is None or entry.running_turn is None:
+            return None
+        return entry.running_turn, self.streams.method_of(entry.running_turn)
+
     async def cancel_turn(self, identity: str, turn_id: str) -> bool:
         """Interrupt turn ``turn_id`` of ``identity`` if it is in progress here (``TurnHandle.cancel``).
 

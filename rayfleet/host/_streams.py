@@ -215,6 +215,10 @@ class StreamHub:
 
     # -- the turn's side ----------------------------------------------------------------
 
+    def method_of(self, turn_id: str) -> str:
+        """The handler of a turn running here (``""`` if it is not running here)."""
+        return self._running.get(turn_id, "")
+
     def has(self, turn_id: str) -> bool:
         stream = self._streams.get(turn_id)
         return stream is not None and stream.active

@@ -73,7 +73,7 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
-from ._turn_handle import aread_events, cancel_turn, read_events, turn_info, turn_status
+from ._turn_handle import aread_events, cancel_turn, read_events, running_turn, turn_info, turn_status
 from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
@@ -582,21 +582,30 @@ class Fleet:
     def turns(self, identity: str, *, limit: int = 100) -> list[TurnInfo]:
         """The turns of ``identity`` in progress (running or suspended), newest first.
 
-        Listed from the ledger: a turn is there once it journaled something (a step, a
-        wait, a steering read); a turn that journals nothing is atomic and is not listed.
-        The stream of any turn is read with ``ref.start(...).events()`` or over HTTP.
+        Listed from the ledger, where a turn is once it journaled something (a step, a
+        wait, a steering read), and from the owner host, which names the turn running
+        there now even if it journals nothing (its ``started`` is then unknown: 0). The
+        stream of any turn is read with ``ref.start(...).events()`` or over HTTP.
 
         Raises:
             UnknownIdentityError: no identity of that name exists.
         """
         view_of(self._ledger, validate_identity(identity))  # UnknownIdentityError for an identity that is not
-        rows = self._ledger.turns(identity=identity, limit=limit).result()
-        return [turn_info(row) for row in rows]
+        listed = [turn_info(row) for row in self._ledger.turns(identity=identity, limit=limit).result()]
+        running = running_turn(self._courier, identity)
+        if running is not None and all(info.id != running.id for info in listed):
+            listed = [running, *listed][:limit]
+        return listed
 
     def turn(self, identity: str, turn_id: str) -> TurnInfo | None:
-        """What the ledger knows of one turn: its row if it journaled, else what its stream says; ``None`` if
-        neither (a turn that journaled and streamed nothing, or one past its retention)."""
-        return turn_status(self._ledger, validate_identity(identity), turn_id)
+        """What is known of one turn: its row if it journaled, else what its stream says, else
+        ``RUNNING`` if its owner host runs it now; ``None`` if none of these (a turn that
+        journaled and streamed nothing and is not running, or one past its retention)."""
+        known = turn_status(self._ledger, validate_identity(identity), turn_id)
+        if known is not None:
+            return known
+        running = running_turn(self._courier, identity)
+        return running if running is not None and running.id == turn_id else None
 
     def turn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> Iterator[TurnEvent]:
         """The stream of any turn of ``identity`` after event id ``after`` (as ``TurnHandle.events``).

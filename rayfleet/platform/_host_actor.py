@@ -496,6 +496,12 @@ class AgentHost:
         """Reply: ``(events, state, gap)`` of a turn's stream after event id ``after`` (a long poll of ``wait`` s)."""
         return await self._serve(lambda: self.runtime.delivery.watch_turn(identity, turn_id, after, wait))
 
+    async def running_turn(self, identity: str) -> tuple[str, str] | None:
+        """``(turn id, method)`` of the turn of ``identity`` running here now, or ``None``; starts nothing."""
+        if not self._running:
+            return None
+        return self.runtime.delivery.running_turn(identity)
+
     async def cancel_turn(self, identity: str, turn_id: str) -> tuple[str, Any]:
         """Reply: whether the turn was in progress here and is now interrupted."""
         return await self._serve(lambda: self.runtime.delivery.cancel_turn(identity, turn_id))

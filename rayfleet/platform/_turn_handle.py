@@ -18,13 +18,17 @@ import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
+import ray
+
 from ..errors import DeadlineExceededError, UnknownTurnEventError
 from ..host._messages import Envelope
+from ..host._runtime import holder_host
 from ..host._streams import ENDS, EventKey, event_id, parse_event_id
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TurnEventRow, TurnRecord
 from ..turns._values import TurnEvent, TurnInfo, TurnStatus
-from ._routing import Courier
+from ._routing import Courier, HostGone
+from ._status import view_of
 
 POLL_WAIT = 5.0
 """Seconds one long poll waits at the owner for the next event."""
@@ -296,6 +300,34 @@ def turn_info(record: TurnRecord) -> TurnInfo:
     return TurnInfo(id=record.turn_id, identity=record.identity, method=record.method,
                     status=TurnStatus(record.status), waiting_for=record.waiting_for, wake_at=record.wake_at,
                     started=record.started, updated=record.updated, steps=record.steps, error=record.error)
+
+
+RUNNING_TURN_TIMEOUT = 5.0
+"""Seconds to wait for the owner host's answer to :func:`running_turn` (then: none known)."""
+
+
+def running_turn(courier: Courier, identity: str) -> TurnInfo | None:
+    """The turn of ``identity`` running on its owner host now, as that host says; ``None`` if none.
+
+    Asks only the host that holds the identity's lease (one Ray call), so it activates
+    nothing and starts no stream. An identity without a live lease runs nothing; a host
+    that is gone or does not answer within :data:`RUNNING_TURN_TIMEOUT` counts as none.
+
+    Raises:
+        UnknownIdentityError: no identity of that name exists.
+    """
+    lease = view_of(courier.ledger, identity).lease
+    if lease is None or lease.expires_in <= 0:
+        return None
+    try:
+        handle = courier.directory.handle(holder_host(lease.holder))
+        found = ray.get(handle.running_turn.remote(identity), timeout=RUNNING_TURN_TIMEOUT)
+    except (HostGone, ray.exceptions.RayError):
+        return None
+    if found is None:
+        return None
+    turn_id, method = found
+    return TurnInfo(id=turn_id, identity=identity, method=method, status=TurnStatus.RUNNING)
 
 
 def turn_status(ledger: LedgerClient, identity: str, turn_id: str) -> TurnInfo | None:

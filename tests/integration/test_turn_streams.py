@@ -30,6 +30,10 @@ class Narrator(rf.Agent):
         self.emit("status", "hanging")
         await asyncio.sleep(3600)
 
+    @rf.handler
+    async def think(self) -> None:
+        await asyncio.sleep(3600)  # journals nothing and streams nothing
+
 
 def test_a_started_turn_streams_its_events_and_a_client_resumes_after_its_last_id(make_any_fleet: Any) -> None:
     fleet = make_any_fleet(hosts=1)
@@ -91,6 +95,27 @@ def test_stream_and_wait_and_a_suspended_turn_listed_by_fleet_turns(make_any_fle
                                                                  "status", "completed"]
     assert asyncio.run(handle.wait()) == "waits"
     assert fleet.turns("narrator/2") == []
+
+
+def test_a_turn_that_journals_and_streams_nothing_is_listed_while_it_runs(make_any_fleet: Any) -> None:
+    import time
+
+    fleet = make_any_fleet(hosts=1)
+    ref = fleet.spawn("narrator/4", Narrator)
+    assert fleet.turns("narrator/4") == []
+    handle = ref.start("think")
+    deadline = time.monotonic() + 60
+    while not (listed := fleet.turns("narrator/4")):
+        assert time.monotonic() < deadline, "the running turn was never listed"
+        time.sleep(0.05)
+    (info,) = listed
+    assert (info.id, info.method, info.status) == (handle.id, "think", rf.TurnStatus.RUNNING)
+    assert fleet.turn("narrator/4", handle.id) == info
+    assert fleet.turn("narrator/4", "no-such-turn") is None
+    assert handle.cancel()
+    with pytest.raises(rf.TurnInterruptedError):
+        handle.result(timeout=60)
+    assert fleet.turns("narrator/4") == [] and fleet.turn("narrator/4", handle.id) is None
 
 
 def test_cancel_interrupts_the_turn_and_ends_its_stream(make_any_fleet: Any) -> None:
