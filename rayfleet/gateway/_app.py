@@ -477,7 +477,6 @@ def _unknown_turn(identity: str, turn_id: str) -> HttpProblem:
 REPLY_AFTER_END_WAIT = 10.0
 """Seconds a GET of a turn started here waits for its reply once the ledger says it ended
 (the end is written before the reply is sent, so the reply follows at once)."""
-_ENDED = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED)
 
 
 def _await_reply(handle: TurnHandle, timeout: float) -> None:
@@ -492,7 +491,7 @@ async def get_turn(request: web.Request) -> web.Response:
     turn_id = _path_text(request, "turn_id")
     handle = gateway.turns.get((identity, turn_id))
     info = await _off_loop(gateway.fleet.turn, identity, turn_id)
-    if handle is not None and not handle.done() and info is not None and info.status in _ENDED:
+    if handle is not None and not handle.done() and info is not None and info.status.ended:
         # Ended in the ledger, so its reply is on its way here: answer with it, not without.
         await _off_loop(_await_reply, handle, REPLY_AFTER_END_WAIT)
     if handle is not None and handle.done():

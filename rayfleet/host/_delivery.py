@@ -448,24 +448,13 @@ class Delivery:
         assert turn_id is not None
         interrupted = TurnInterruptedError(identity=entry.spec.identity, turn_id=turn_id, by=by)
         record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
-        closing = None
-        if await self._reopen_stream(entry, turn_id):
-            await self.streams.settle(turn_id)
-            closing = self.streams.closing(turn_id, {"by": by}, "interrupted")
-        try:
-            await self._activations.fenced_write(entry, "interrupt a turn", lambda token: self._ledger.end_turn(
-                identity=entry.spec.identity, fencing_token=token,
-                ended=TurnEnd(turn_id=turn_id, status=TurnStatus.INTERRUPTED.value, error=interrupted.message,
-                              events=() if closing is None else (closing,))))
-        except BaseException:
-            self.streams.stop(turn_id)
-            raise
+        await self._reopen_stream(entry, turn_id)
+        await self._write_end(entry, turn_id, TurnStatus.INTERRUPTED, interrupted.message, {"by": by})
         if record is not None:
             self._forget_spilled(entry.spec.identity, spilled_paths(step.value for step in record.entries))
         entry.suspended_turn = None
         entry.suspended_key = None
         self._metrics.turn_event(entry.agent_class, "interrupted")
-        await self.streams.finish(turn_id, {"by": by}, kind="interrupted", written=closing)
         self._settle(turn_id, error=interrupted)
 
     async def _reopen_stream(self, entry: HostedAgent, turn_id: str) -> bool:
@@ -982,23 +971,36 @@ class Delivery:
         without an end, and the next delivery of its message resumes it from its journal;
         the caller already has its outcome, which must not be replaced by the ledger's.
         """
-        kind, data = status.value.lower(), {"error": str(error)[:2000]}
+        try:
+            await self._write_end(entry, turn_id, status, error.message, {"error": str(error)[:2000]})
+        except Exception as problem:  # noqa: BLE001 - see the docstring
+            log.warning("could not end turn %s of %s: %s", turn_id, entry.spec.identity, problem)
+            return False
+        return True
+
+    async def _write_end(self, entry: HostedAgent, turn_id: str, status: TurnStatus, error: str,
+                         data: dict[str, Any]) -> None:
+        """Write the end of a turn that commits nothing, with its stream's end event (``data``) in the
+        same write; the event is shown only after it.
+
+        Raises what the write raised (``LeaseLostError`` for a refused token); the stream
+        then stops without an end.
+        """
+        kind = status.value.lower()
         closing = None
         if self.streams.has(turn_id):
             await self.streams.settle(turn_id)
             closing = self.streams.closing(turn_id, data, kind)
         try:
-            await self._activations.fenced_write(entry, "end turn", lambda token: self._ledger.end_turn(
+            await self._activations.fenced_write(entry, f"end turn ({kind})", lambda token: self._ledger.end_turn(
                 identity=entry.spec.identity, fencing_token=token,
-                ended=TurnEnd(turn_id=turn_id, status=status.value, error=error.message[:2000],
+                ended=TurnEnd(turn_id=turn_id, status=status.value, error=error[:2000],
                               events=() if closing is None else (closing,)),
             ))
-        except Exception as problem:  # noqa: BLE001 - see the docstring
-            log.warning("could not end turn %s of %s: %s", turn_id, entry.spec.identity, problem)
+        except BaseException:
             self.streams.stop(turn_id)
-            return False
+            raise
         await self.streams.finish(turn_id, data, kind=kind, written=closing)
-        return True
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
         """Record ``envelope`` in the dead-letter log; never raises.

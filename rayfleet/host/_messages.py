@@ -134,14 +134,12 @@ class Envelope:
         return f"{self.sender or EXTERNAL_SENDER}{DEDUP_SCOPE_SEPARATOR}message{DEDUP_SCOPE_SEPARATOR}{self.message_id}"
 
     def workflow_run(self) -> str:
-        """The run whose step this message is (``""``: none): named by the step's journal, else by its sender.
+        """The run whose step this message is (``""``: none), as its sender names it (:func:`workflow_sender`).
 
         Only attribution rests on the sender (an approval's ``run_id``): an agent named
         ``workflow:<x>`` could claim a run that way, but never journal into one, which
         takes the run's token.
         """
-        if self.journal is not None:
-            return self.journal[0]
         if self.sender is not None and self.sender.startswith(WORKFLOW_SENDER_PREFIX):
             return self.sender[len(WORKFLOW_SENDER_PREFIX):]
         return ""

@@ -590,9 +590,9 @@ class Fleet:
         Raises:
             UnknownIdentityError: no identity of that name exists.
         """
-        view_of(self._ledger, validate_identity(identity))  # UnknownIdentityError for an identity that is not
+        view = view_of(self._ledger, validate_identity(identity))  # UnknownIdentityError for one that is not
         listed = [turn_info(row) for row in self._ledger.turns(identity=identity, limit=limit).result()]
-        running = running_turn(self._courier, identity)
+        running = running_turn(self._courier, identity, view.lease)
         if running is not None and all(info.id != running.id for info in listed):
             listed = [running, *listed][:limit]
         return listed
@@ -604,7 +604,7 @@ class Fleet:
         known = turn_status(self._ledger, validate_identity(identity), turn_id)
         if known is not None:
             return known
-        running = running_turn(self._courier, identity)
+        running = running_turn(self._courier, identity, view_of(self._ledger, identity).lease)
         return running if running is not None and running.id == turn_id else None
 
     def turn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> Iterator[TurnEvent]:

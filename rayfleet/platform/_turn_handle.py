@@ -26,9 +26,9 @@ from ..host._runtime import holder_host
 from ..host._streams import ENDS, EventKey, event_id, parse_event_id
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TurnEventRow, TurnRecord
+from ..ledger._values import LeaseView
 from ..turns._values import TurnEvent, TurnInfo, TurnStatus
 from ._routing import Courier, HostGone
-from ._status import view_of
 
 POLL_WAIT = 5.0
 """Seconds one long poll waits at the owner for the next event."""
@@ -306,17 +306,14 @@ RUNNING_TURN_TIMEOUT = 5.0
 """Seconds to wait for the owner host's answer to :func:`running_turn` (then: none known)."""
 
 
-def running_turn(courier: Courier, identity: str) -> TurnInfo | None:
+def running_turn(courier: Courier, identity: str, lease: LeaseView | None) -> TurnInfo | None:
     """The turn of ``identity`` running on its owner host now, as that host says; ``None`` if none.
 
-    Asks only the host that holds the identity's lease (one Ray call), so it activates
-    nothing and starts no stream. An identity without a live lease runs nothing; a host
-    that is gone or does not answer within :data:`RUNNING_TURN_TIMEOUT` counts as none.
-
-    Raises:
-        UnknownIdentityError: no identity of that name exists.
+    Asks only the host that holds ``lease`` (the identity's, as its view gave it; one Ray
+    call), so it activates nothing and starts no stream. An identity without a live lease
+    runs nothing; a host that is gone or does not answer within
+    :data:`RUNNING_TURN_TIMEOUT` counts as none.
     """
-    lease = view_of(courier.ledger, identity).lease
     if lease is None or lease.expires_in <= 0:
         return None
     try:
