@@ -23,7 +23,9 @@ One :class:`StreamHub` lives in each host runtime. What it guarantees:
   write is retried, in order, until it lands or the host stops.
 * **Live before durable, but for the end.** Watchers get an event as soon as it is
   emitted, before its row is written: an event a client saw just before its host died
-  may be missing from the ledger, which the next owner's ``reset`` marks. A completed
+  may be missing from the ledger, which the next owner's ``reset`` marks (or, when the
+  ledger held nothing of the earlier owner's part to tell it, the reader's own: see
+  ``platform/_turn_handle.py``). A completed
   turn's end event is the exception: it is shown only once it is written (in the
   transaction that commits the turn's final State when there is one, else by the group
   commit), after every earlier event of the turn, and the turn's reply waits for it.

@@ -6,7 +6,8 @@ identity's owner by long poll (``AgentHost.turn_events``), which include the del
 poll that finds the owner's live events no longer reach back to the client's place (it
 keeps the last few thousand) goes back to the ledger first, so no persisted event is
 missed or repeated. A failover shows as a ``reset`` event where the next owner's part
-begins. See ``docs/decisions/turn-stream-long-poll.md``.
+begins (the reader's own, when what it saw live of the earlier owner's part was lost and
+the ledger gave the next owner nothing to tell it so). See ``docs/decisions/turn-stream-long-poll.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import ray
 from ..errors import DeadlineExceededError, UnknownTurnEventError
 from ..host._messages import Envelope
 from ..host._runtime import holder_host
-from ..host._streams import ENDS, EventKey, event_id, parse_event_id
+from ..host._streams import ENDS, RESET, EventKey, event_id, parse_event_id
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TurnEventRow, TurnRecord
 from ..ledger._values import LeaseView
@@ -55,24 +56,59 @@ def _row_key(row: TurnEventRow) -> EventKey:
 # What the reading loop asks its driver for, and gets back.
 _Ledger = tuple[str, EventKey | None]      # ("ledger", after): the persisted events after it
 _Poll = tuple[str, EventKey | None]        # ("poll", after): the owner's reply (events, state, gap)
+_Kept = tuple[str, EventKey]               # ("kept", key): whether the ledger keeps that persisted event
 _Yield = tuple[str, TurnEvent]             # ("event", event): hand it to the client
 
 
 def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] | None
              ) -> Generator[tuple[str, Any], Any, None]:
-    """The stream reader's logic, without its I/O: it yields what to do and is sent the answers."""
+    """The stream reader's logic, without its I/O: it yields what to do and is sent the answers.
+
+    Besides the owners' ``reset`` events, the reader marks one seam itself: an owner
+    decides its reset from the ledger alone, so when a reader got persisted events live
+    from an earlier owner that never wrote them (it died or was fenced first) and the
+    ledger holds nothing of that owner's part to show it, the next owner starts without a
+    reset. So before the first event of a later owner, a reader whose last event came
+    live (or from its caller) and is not in the ledger, or was a delta, gets a ``reset``
+    of its own, id ``<later epoch>.0``, not persisted.
+    """
     key = after
+    unsure = after  # the last event's key while the ledger has not shown it is kept
     need_ledger = True
     unknown = 0
+
+    def passing(event: TurnEvent, event_key: EventKey) -> Generator[tuple[str, Any], Any, None]:
+        """Before ``event``: the reader's own reset, if it enters a later owner's part after a lost event."""
+        nonlocal unsure
+        if unsure is None or event_key[0] <= unsure[0]:
+            return
+        doubt, unsure = unsure, None
+        if event.kind == RESET:
+            return
+        lost = doubt[2] != 0 or not (yield "kept", doubt)
+        if lost:
+            yield "event", TurnEvent(id=f"{event_key[0]}.0", turn_id=turn_id, kind=RESET, data=None, at=event.at,
+                                     persisted=False)
+
+    def ledger_rows(rows: list[TurnEventRow]) -> Generator[tuple[str, Any], Any, bool]:
+        """Hand on the rows after the reader's place; whether the stream ended."""
+        nonlocal key, unsure
+        for row in rows:
+            row_key = _row_key(row)
+            if key is None or row_key > key:
+                event = _from_row(row)
+                yield from passing(event, row_key)
+                key, unsure = row_key, None
+                yield "event", event
+                if row.kind in ENDS:
+                    return True
+        return False
+
     while True:
         if need_ledger:
             rows: list[TurnEventRow] = yield "ledger", key
-            for row in rows:
-                if key is None or _row_key(row) > key:
-                    key = _row_key(row)
-                    yield "event", _from_row(row)
-                    if row.kind in ENDS:
-                        return
+            if (yield from ledger_rows(rows)):
+                return
             if len(rows) >= LEDGER_PAGE:
                 continue
             need_ledger = False
@@ -85,7 +121,8 @@ def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] 
             parsed = parse_event_id(event.id)
             if parsed is None or (key is not None and parsed <= key):
                 continue
-            key = parsed
+            yield from passing(event, parsed)
+            key = unsure = parsed
             yield "event", event
             if event.kind in ENDS:
                 return
@@ -94,19 +131,13 @@ def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] 
             continue
         if state == "ended":
             rows = yield "ledger", key  # what the owner no longer keeps, if anything, then the end
-            for row in rows:
-                if key is None or _row_key(row) > key:
-                    key = _row_key(row)
-                    yield "event", _from_row(row)
+            yield from ledger_rows(rows)
             return
         if state == "unknown":
             unknown += 1
             if (finished is not None and finished()) or (finished is None and unknown >= UNKNOWN_POLLS):
                 rows = yield "ledger", key
-                for row in rows:
-                    if key is None or _row_key(row) > key:
-                        key = _row_key(row)
-                        yield "event", _from_row(row)
+                yield from ledger_rows(rows)
                 return
 
 
@@ -165,6 +196,8 @@ def _read(courier: Courier, identity: str, turn_id: str, key: EventKey | None,
             epoch, seq = (0, 0) if argument is None else argument[:2]
             answer = ledger.turn_events(identity=identity, turn_id=turn_id, after_epoch=epoch, after_seq=seq,
                                         limit=LEDGER_PAGE).result()
+        elif what == "kept":
+            answer = ledger.turn_event_owner(identity=identity, epoch=argument[0], seq=argument[1]).result() == turn_id
         else:
             answer = courier.route_sync(identity, _poll_request(identity, turn_id, argument), method="turn_events",
                                         timeout=POLL_WAIT * 6)
@@ -201,6 +234,8 @@ async def _aread(courier: Courier, identity: str, turn_id: str, key: EventKey | 
             epoch, seq = (0, 0) if argument is None else argument[:2]
             answer = await ledger.turn_events(identity=identity, turn_id=turn_id, after_epoch=epoch, after_seq=seq,
                                               limit=LEDGER_PAGE)
+        elif what == "kept":
+            answer = await ledger.turn_event_owner(identity=identity, epoch=argument[0], seq=argument[1]) == turn_id
         else:
             answer = await courier.route_async(identity, _poll_request(identity, turn_id, argument),
                                                method="turn_events", timeout=POLL_WAIT * 6)

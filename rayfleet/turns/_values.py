@@ -90,8 +90,8 @@ class TurnEvent:
     turn_id: str
     kind: str
     """``started``, ``step``, ``suspended``, ``resumed``, ``approval.requested``, ``approval.resolved``,
-    ``completed``, ``failed``, ``interrupted``, ``reset`` (deltas since the last persisted event were lost
-    with a host), ``delta``, or the kind an ``emit`` gave."""
+    ``completed``, ``failed``, ``interrupted``, ``reset`` (what the reader was shown since the last event
+    the ledger keeps was lost with a host: drop it), ``delta``, or the kind an ``emit`` gave."""
     data: Any = None
     at: float = 0.0
     persisted: bool = True

@@ -1055,6 +1055,8 @@ class ChaosRun:
             stats["stream reconnects after an error"] += read.reconnects
             stats["stream reconnects after a drop"] += read.dropped
             stats["stream resets"] += resets_total
+            stats["stream resets by the reader"] += sum(1 for event in read.events
+                                                        if event.kind == "reset" and not event.persisted)
             stats["stream events kept"] += len(kept)
             stats["stream events seen live only"] += sum(1 for event in seen if event.id not in kept_ids)
         stats["streamed turns acknowledged"] = sum(1 for read in self.stream_reads if read.acknowledged)
