@@ -80,7 +80,7 @@ from ..errors import (
 from ..identity._agent import run_handler
 from ..identity._handlers import HandlerInfo, Reply, Usage
 from ..identity._values import Addressability, Durability, EventKind
-from ..ledger._turn_rows import ApprovalRequest, ApprovalRow, TurnEnd, TurnRecord, TurnWrite
+from ..ledger._turn_rows import ApprovalRequest, ApprovalRow, TurnEnd, TurnEventRow, TurnRecord, TurnWrite
 from ..ledger._values import StepEntry, StepJournaled
 from ..turns._approvals import TIMEOUT_DECIDER
 from ..turns._context import TurnContext, TurnSuspended
@@ -89,7 +89,7 @@ from ..turns._values import TurnStatus
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
-from ._streams import RESET, SUSPENDED, StreamHub, TurnEvents, parse_event_id
+from ._streams import RESET, SUSPENDED, UNREAD, StreamHub, TurnEvents, Unread, parse_event_id
 
 if TYPE_CHECKING:
     from ..ledger._contract import LedgerClient
@@ -448,7 +448,7 @@ class Delivery:
         assert turn_id is not None
         interrupted = TurnInterruptedError(identity=entry.spec.identity, turn_id=turn_id, by=by)
         record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
-        await self._reopen_stream(entry, turn_id)
+        await self._reopen_stream(entry, turn_id, UNREAD if record is None else record.last_event)
         await self._write_end(entry, turn_id, TurnStatus.INTERRUPTED, interrupted.message, {"by": by})
         if record is not None:
             self._forget_spilled(entry.spec.identity, spilled_paths(step.value for step in record.entries))
@@ -457,9 +457,10 @@ class Delivery:
         self._metrics.turn_event(entry.agent_class, "interrupted")
         self._settle(turn_id, error=interrupted)
 
-    async def _reopen_stream(self, entry: HostedAgent, turn_id: str) -> bool:
+    async def _reopen_stream(self, entry: HostedAgent, turn_id: str,
+                             last: TurnEventRow | Unread | None = UNREAD) -> bool:
         try:
-            return await self.streams.reopen(entry.spec.identity, turn_id)
+            return await self.streams.reopen(entry.spec.identity, turn_id, last)
         except Exception as error:  # noqa: BLE001 - the stream misses its end; the turn's outcome stands
             log.warning("could not read the stream of turn %s of %s: %s", turn_id, entry.spec.identity, error)
             return False
@@ -747,8 +748,9 @@ class Delivery:
         streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
         if turn_id in (entry.suspended_turn, entry.recovered_turn):
             # A turn with a journal: read it first, so a replay's steering reads come from it too.
-            await turn.load()
-            await streams.resume(envelope.target, turn_id)
+            record = await turn.load()
+            # The stream's last event came with the journal: going on with it reads nothing more.
+            await streams.resume(envelope.target, turn_id, UNREAD if record is None else record.last_event)
         try:
             value, usage = await self._run_with_retries(entry, envelope, info, bound, turn)
         except TurnSuspended as suspended:

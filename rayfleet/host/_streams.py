@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 from collections import OrderedDict, deque
@@ -80,6 +81,14 @@ FLUSH_RETRY = 0.2
 """Seconds before a failed write of events is tried again."""
 ENDED_KEPT = 16_384
 """Ids of turns that ended here, remembered so a watcher of a plain (stream-less) turn learns it ended."""
+
+class Unread(enum.Enum):
+    """A turn's latest persisted event not read yet (``None`` means read, and there is none)."""
+
+    UNREAD = 0
+
+
+UNREAD = Unread.UNREAD
 
 EventKey = tuple[int, int, int]
 """``(epoch, seq, delta)``: the order of a stream's events (persisted events have ``delta == 0``)."""
@@ -325,20 +334,25 @@ class StreamHub:
             stream.changed.set()
         self._trim()
 
-    async def reopen(self, identity: str, turn_id: str) -> bool:
-        """Go on with the stream of a turn with a journal if the ledger holds one; whether it has a stream now."""
+    async def reopen(self, identity: str, turn_id: str, last: TurnEventRow | Unread | None = UNREAD) -> bool:
+        """Go on with the stream of a turn with a journal if the ledger holds one; whether it has a stream now.
+
+        ``last`` is the turn's latest persisted event when the caller read it (with the
+        turn's record): then neither this nor the reset check reads the ledger again.
+        """
         stream = self._streams.get(turn_id)
         if stream is not None and stream.active:
             return True
-        last = await self._ledger.last_turn_event(identity=identity, turn_id=turn_id)
+        if last is UNREAD:
+            last = await self._ledger.last_turn_event(identity=identity, turn_id=turn_id)
         if last is None or last.kind in ENDS:
             return False
-        self._activate(self._slot(identity, turn_id), identity, None, announce=False)
+        self._activate(self._slot(identity, turn_id), identity, None, announce=False, last=last)
         return True
 
-    async def resume(self, identity: str, turn_id: str) -> None:
+    async def resume(self, identity: str, turn_id: str, last: TurnEventRow | Unread | None = UNREAD) -> None:
         """A turn with a journal resumes here: its stream goes on (with ``resumed``) if it has one."""
-        if await self.reopen(identity, turn_id):
+        if await self.reopen(identity, turn_id, last):
             self._add(self._streams[turn_id], RESUMED, "null", persisted=True)
 
     # -- the watchers' side -------------------------------------------------------------
@@ -414,20 +428,23 @@ class StreamHub:
                 stream.changed.set()
                 excess -= 1
 
-    def _activate(self, stream: _Stream, identity: str, started: float | None, *, announce: bool = True) -> _Stream:
+    def _activate(self, stream: _Stream, identity: str, started: float | None, *, announce: bool = True,
+                  last: TurnEventRow | Unread | None = UNREAD) -> _Stream:
         stream.active = True
         if announce:
             method = json.dumps({"method": self._running.get(stream.turn_id, "")})
             stream.held.append((STARTED, method, started if started is not None else self._wall_clock(), True))
-        self._spawn(self._ready(stream))
+        self._spawn(self._ready(stream, last))
         return stream
 
-    async def _ready(self, stream: _Stream) -> None:
-        """Learn whether the stream needs a reset (one ledger read), then give the held events their ids."""
+    async def _ready(self, stream: _Stream, last: TurnEventRow | Unread | None = UNREAD) -> None:
+        """Learn whether the stream needs a reset (one ledger read, unless ``last`` was read already), then give
+        the held events their ids."""
         token = self._token_of(stream.identity)
         reset = False
         try:
-            last = await self._ledger.last_turn_event(identity=stream.identity, turn_id=stream.turn_id)
+            if last is UNREAD:
+                last = await self._ledger.last_turn_event(identity=stream.identity, turn_id=stream.turn_id)
             reset = last is not None and token is not None and last.epoch < token and \
                 last.kind != SUSPENDED and last.kind not in ENDS
         except Exception as error:  # noqa: BLE001 - without the answer the stream goes on unmarked

@@ -71,6 +71,9 @@ class TurnRecord:
     """The journal, oldest first (empty in a listing: see ``steps``)."""
     steps: int
     """How many journal entries the turn has."""
+    last_event: TurnEventRow | None = None
+    """The turn's latest persisted stream event, read with the journal (``None`` in a listing, or when
+    the turn has no stream): what a host resuming the turn needs to go on with its stream."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

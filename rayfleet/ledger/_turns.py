@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from . import _leases, _turn_events
@@ -129,7 +130,8 @@ def record(tx: Transaction, identity: str, turn_id: str) -> TurnRecord | None:
             "SELECT position, kind, name, state, value FROM turn_steps WHERE identity = ? AND turn_id = ? "
             "ORDER BY position", (identity, turn_id))
     )
-    return _record(row, entries, len(entries))
+    return dataclasses.replace(_record(row, entries, len(entries)),
+                               last_event=_turn_events.last(tx, identity=identity, turn_id=turn_id))
 
 
 def listing(

@@ -206,18 +206,23 @@ class TurnContext:
         if self._journal:
             self._replay_until = max(self._journal)  # a retry replays what earlier attempts journaled
 
-    async def load(self) -> None:
-        """Read the turn's journal now (a resumed or recovered turn: one that has a journal)."""
-        await self._journal_entries()
+    async def load(self) -> TurnRecord | None:
+        """Read the turn's journal now (a resumed or recovered turn: one that has a journal); the record read."""
+        record = await self._port.read(self.turn_id)
+        self._adopt(record)
+        return record
 
     async def _journal_entries(self) -> dict[int, TurnEntry]:
         if self._journal is None:
-            record = await self._port.read(self.turn_id)
-            self._journal = {} if record is None else {entry.position: entry for entry in record.entries}
-            self._replay_until = max(self._journal, default=-1)
-            self.journaled = record is not None
-            self._row_status = None if record is None else record.status
+            self._adopt(await self._port.read(self.turn_id))
+        assert self._journal is not None
         return self._journal
+
+    def _adopt(self, record: TurnRecord | None) -> None:
+        self._journal = {} if record is None else {entry.position: entry for entry in record.entries}
+        self._replay_until = max(self._journal, default=-1)
+        self.journaled = record is not None
+        self._row_status = None if record is None else record.status
 
     def _turn_write(self, entry: TurnEntry, *, waiting_for: str = "", wake_at: float | None = None,
                     flush: bool = True) -> TurnWrite:

@@ -69,6 +69,11 @@ class Writer(rf.Agent):
         return value
 
     @rf.handler
+    async def wait_quiet(self) -> int:
+        value: int = await self.wait_signal("payment")
+        return value
+
+    @rf.handler
     async def flaky(self) -> str:
         self.emit("status", "before")
         await self.step("s", lambda: 1)
@@ -434,3 +439,38 @@ async def test_a_journaled_turn_that_fails_writes_its_end_event_with_its_end(led
         events = await asyncio.wait_for(watching, 20)
     assert events[-1][2] == "failed" and "no stock" in events[-1][3]
     assert ledger.turn(identity="w/1", turn_id=envelope.message_id).status == "FAILED"
+
+
+class CountingReads(LocalLedgerClient):
+    """A ledger client that counts separate reads of a turn's latest stream event."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.last_event_reads = 0
+
+    def last_turn_event(self, *, identity: str, turn_id: str):  # type: ignore[no-untyped-def]
+        self.last_event_reads += 1
+        return super().last_turn_event(identity=identity, turn_id=turn_id)
+
+
+async def test_a_resumed_turn_reads_its_stream_with_its_journal_not_apart(ledger: Ledger, tmp_path: Path) -> None:
+    # Whether the turn has a stream, and its latest event, come with the journal's read (B11: every
+    # read on a woken turn's way is latency). One turn without a stream, one with; each suspends on
+    # host a and resumes on host b, which knows nothing of its stream.
+    for method, signal_id in (("wait_quiet", "s1"), ("wait_pay", "s2")):
+        envelope = rf.Envelope(target="w/1", method=method)
+        async with host(ledger, tmp_path, f"a-{method}") as a:
+            waiting = asyncio.ensure_future(a.delivery.deliver(envelope))
+            await until(lambda: bool(ledger.turns(identity="w/1", statuses=("SUSPENDED",))))
+            waiting.cancel()
+        client = CountingReads(ledger)
+        async with HostRuntime(name=f"b-{method}", ledger=client, snapshots=SnapshotStore(str(tmp_path)),
+                               incarnation=f"b-{method}", wake_interval=0.05) as b:
+            ledger.send_signal(identity="w/1", name="payment", signal_id=signal_id,
+                               value=encode_signal("w/1", "payment", 3))
+            turn_id = envelope.message_id
+            await until(lambda: ledger.turn(identity="w/1", turn_id=turn_id).status == "COMPLETED")  # noqa: B023
+            await b.delivery.streams.flush()
+        assert client.last_event_reads == 0, method
+    kinds = [kind for _, kind in persisted(ledger, envelope.message_id)]
+    assert kinds == ["started", "status", "suspended", "resumed", "step", "completed"]
