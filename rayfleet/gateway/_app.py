@@ -470,7 +470,8 @@ async def start_turn(request: web.Request) -> web.Response:
 
 def _unknown_turn(identity: str, turn_id: str) -> HttpProblem:
     return HttpProblem(404, "UnknownTurnError", f"no turn {turn_id!r} of {identity!r} is known: it was not started "
-                       f"here and has no journal or stream in the ledger (or they passed their retention)",
+                       f"here, has no journal or stream in the ledger (or they passed their retention), and the "
+                       f"identity's owner host does not know it",
                        field="turn_id")
 
 

@@ -481,6 +481,14 @@ class Delivery:
         in_progress = turn_id in (entry.running_turn, entry.suspended_turn)
         return await self.streams.watch(identity, turn_id, key, wait, in_progress=in_progress)
 
+    def turn_here(self, identity: str, turn_id: str) -> tuple[str, str] | None:
+        """``(state, method)`` of a turn of ``identity`` as this host knows it (see ``StreamHub.turn_here``).
+
+        A read of this host's memory, activating nothing: it knows a turn that journals
+        and streams nothing while it runs here and, once it ended here, how it ended.
+        """
+        return self.streams.turn_here(identity, turn_id)
+
     def running_turn(self, identity: str) -> tuple[str, str] | None:
         """``(turn id, method)`` of the turn of ``identity`` running on this host now, or ``None``.
 

@@ -210,15 +210,16 @@ class StreamHub:
         self._wall_clock = wall_clock
         self._metrics = metrics
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
-        self._running: dict[str, str] = {}
-        """The turns running here, with their methods."""
+        self._running: dict[str, tuple[str, str]] = {}
+        """The turns running here: their identities and methods."""
         self._sequences: dict[str, tuple[int, int]] = {}
         self._pending: deque[TurnEventRow] = deque()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        """Turns that ended here, newest last: their identities, methods and end kinds."""
         self._refused: dict[str, int] = {}
         """The newest epoch of each identity whose events the ledger refused (its owner changed)."""
         self.written = 0
@@ -228,7 +229,22 @@ class StreamHub:
 
     def method_of(self, turn_id: str) -> str:
         """The handler of a turn running here (``""`` if it is not running here)."""
-        return self._running.get(turn_id, "")
+        return self._running.get(turn_id, ("", ""))[1]
+
+    def turn_here(self, identity: str, turn_id: str) -> tuple[str, str] | None:
+        """``(state, method)`` of turn ``turn_id`` of ``identity`` as this host knows it, or ``None``.
+
+        ``state`` is ``running``, or how it ended here (``completed``, ``failed``,
+        ``interrupted``; one of the last :data:`ENDED_KEPT` turns that ended here). A read
+        of memory: a turn that journals and streams nothing is known here too.
+        """
+        running = self._running.get(turn_id)
+        if running is not None and running[0] == identity:
+            return "running", running[1]
+        ended = self._ended.get(turn_id)
+        if ended is not None and ended[0] == identity:
+            return ended[2], ended[1]
+        return None
 
     def has(self, turn_id: str) -> bool:
         stream = self._streams.get(turn_id)
@@ -236,7 +252,7 @@ class StreamHub:
 
     def begin(self, identity: str, turn_id: str, method: str, *, started: float | None = None) -> None:
         """A turn starts running here: if a watcher waits for it, its stream starts now."""
-        self._running[turn_id] = method
+        self._running[turn_id] = (identity, method)
         self._ended.pop(turn_id, None)
         stream = self._streams.get(turn_id)
         if stream is not None and not stream.active:
@@ -321,12 +337,12 @@ class StreamHub:
         self._finish(turn_id, kind)
 
     def _finish(self, turn_id: str, status: str) -> None:
-        self._running.pop(turn_id, None)
+        identity, method = self._running.pop(turn_id, ("", ""))
+        stream = self._streams.get(turn_id)
         if status:
-            self._ended[turn_id] = status
+            self._ended[turn_id] = (identity or (stream.identity if stream is not None else ""), method, status)
             while len(self._ended) > ENDED_KEPT:
                 self._ended.popitem(last=False)
-        stream = self._streams.get(turn_id)
         if stream is None:
             return
         if status:
@@ -432,7 +448,7 @@ class StreamHub:
                   last: TurnEventRow | Unread | None = UNREAD) -> _Stream:
         stream.active = True
         if announce:
-            method = json.dumps({"method": self._running.get(stream.turn_id, "")})
+            method = json.dumps({"method": self.method_of(stream.turn_id)})
             stream.held.append((STARTED, method, started if started is not None else self._wall_clock(), True))
         self._spawn(self._ready(stream, last))
         return stream

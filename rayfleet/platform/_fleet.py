@@ -73,7 +73,15 @@ from ._runs_client import RunsClient
 from ._shipping import rebuild_spec, spec_record
 from ._status import identity_status, view_of
 from ._topology_client import HostNotifier, TopologyClient
-from ._turn_handle import aread_events, cancel_turn, read_events, running_turn, turn_info, turn_status
+from ._turn_handle import (
+    aread_events,
+    cancel_turn,
+    owner_turn,
+    read_events,
+    running_turn,
+    turn_info,
+    turn_status,
+)
 from ._wakes import deliver_wakes
 
 DEFAULT_NAMESPACE = "rayfleet"
@@ -599,13 +607,14 @@ class Fleet:
 
     def turn(self, identity: str, turn_id: str) -> TurnInfo | None:
         """What is known of one turn: its row if it journaled, else what its stream says, else
-        ``RUNNING`` if its owner host runs it now; ``None`` if none of these (a turn that
-        journaled and streamed nothing and is not running, or one past its retention)."""
+        what its owner host says (``RUNNING`` while it runs there; once it ended there, how,
+        while that host holds the identity and is among its last 16,384 ended turns);
+        ``None`` if none of these (a turn that journaled and streamed nothing and ended on a
+        host that no longer holds the identity, or one past its retention)."""
         known = turn_status(self._ledger, validate_identity(identity), turn_id)
         if known is not None:
             return known
-        running = running_turn(self._courier, identity, view_of(self._ledger, identity).lease)
-        return running if running is not None and running.id == turn_id else None
+        return owner_turn(self._courier, identity, view_of(self._ledger, identity).lease, turn_id)
 
     def turn_events(self, identity: str, turn_id: str, *, after: str | None = None) -> Iterator[TurnEvent]:
         """The stream of any turn of ``identity`` after event id ``after`` (as ``TurnHandle.events``).

@@ -502,6 +502,13 @@ class AgentHost:
             return None
         return self.runtime.delivery.running_turn(identity)
 
+    async def turn_here(self, identity: str, turn_id: str) -> tuple[str, str] | None:
+        """``(state, method)`` of a turn of ``identity`` as this host knows it (running, or how it ended here),
+        or ``None``; starts nothing."""
+        if not self._running:
+            return None
+        return self.runtime.delivery.turn_here(identity, turn_id)
+
     async def cancel_turn(self, identity: str, turn_id: str) -> tuple[str, Any]:
         """Reply: whether the turn was in progress here and is now interrupted."""
         return await self._serve(lambda: self.runtime.delivery.cancel_turn(identity, turn_id))

@@ -338,7 +338,22 @@ def turn_info(record: TurnRecord) -> TurnInfo:
 
 
 RUNNING_TURN_TIMEOUT = 5.0
-"""Seconds to wait for the owner host's answer to :func:`running_turn` (then: none known)."""
+"""Seconds to wait for the owner host's answer to :func:`running_turn` or :func:`owner_turn` (then: none known)."""
+
+_STATES = {"running": TurnStatus.RUNNING, "completed": TurnStatus.COMPLETED, "failed": TurnStatus.FAILED,
+           "interrupted": TurnStatus.INTERRUPTED}
+
+
+def _ask_owner(courier: Courier, lease: LeaseView | None, ask: Callable[[Any], Any]) -> Any:
+    """What the host holding ``lease`` answers ``ask`` (one Ray call); ``None`` without a live lease, or when
+    that host is gone or does not answer within :data:`RUNNING_TURN_TIMEOUT`. Activates nothing."""
+    if lease is None or lease.expires_in <= 0:
+        return None
+    try:
+        handle = courier.directory.handle(holder_host(lease.holder))
+        return ray.get(ask(handle), timeout=RUNNING_TURN_TIMEOUT)
+    except (HostGone, ray.exceptions.RayError):
+        return None
 
 
 def running_turn(courier: Courier, identity: str, lease: LeaseView | None) -> TurnInfo | None:
@@ -349,17 +364,21 @@ def running_turn(courier: Courier, identity: str, lease: LeaseView | None) -> Tu
     runs nothing; a host that is gone or does not answer within
     :data:`RUNNING_TURN_TIMEOUT` counts as none.
     """
-    if lease is None or lease.expires_in <= 0:
-        return None
-    try:
-        handle = courier.directory.handle(holder_host(lease.holder))
-        found = ray.get(handle.running_turn.remote(identity), timeout=RUNNING_TURN_TIMEOUT)
-    except (HostGone, ray.exceptions.RayError):
-        return None
+    found = _ask_owner(courier, lease, lambda handle: handle.running_turn.remote(identity))
     if found is None:
         return None
     turn_id, method = found
     return TurnInfo(id=turn_id, identity=identity, method=method, status=TurnStatus.RUNNING)
+
+
+def owner_turn(courier: Courier, identity: str, lease: LeaseView | None, turn_id: str) -> TurnInfo | None:
+    """Turn ``turn_id`` as the owner host of ``identity`` knows it: running there, or ended there (one of
+    the last turns that did); ``None`` if it knows nothing of it. Asked as :func:`running_turn` asks."""
+    found = _ask_owner(courier, lease, lambda handle: handle.turn_here.remote(identity, turn_id))
+    if found is None:
+        return None
+    state, method = found
+    return TurnInfo(id=turn_id, identity=identity, method=method, status=_STATES[state])
 
 
 def turn_status(ledger: LedgerClient, identity: str, turn_id: str) -> TurnInfo | None:

@@ -30,6 +30,10 @@ class Writer(rf.Agent):
         return " ".join(words)
 
     @rf.handler
+    async def plain(self) -> int:
+        return 7  # journals and streams nothing
+
+    @rf.handler
     async def linger(self) -> None:
         self.emit("status", "lingering")
         await asyncio.sleep(3600)
@@ -133,6 +137,15 @@ async def test_cancel_interrupts_a_turn_started_over_http(http: aiohttp.ClientSe
     assert turn["status"] == "INTERRUPTED"
     _, body = await answer(await http.post(f"/v1/agents/{AGENT}/turns/{turn_id}/cancel"))
     assert body["cancelled"] is False
+
+
+async def test_a_plain_turn_started_elsewhere_is_known_once_it_ended(http: aiohttp.ClientSession,
+                                                                    turns_fleet: rf.Fleet) -> None:
+    # Started from a driver, it journaled and streamed nothing: only its owner host knows it ended.
+    handle = turns_fleet.agent("writer/one").start("plain")
+    assert await asyncio.get_running_loop().run_in_executor(None, handle.result, 60) == 7
+    status, turn = await answer(await http.get(f"/v1/agents/{AGENT}/turns/{handle.id}"))
+    assert status == 200 and (turn["status"], turn["method"]) == ("COMPLETED", "plain"), turn
 
 
 async def test_bad_turn_requests_are_refused_naming_the_field(http: aiohttp.ClientSession, gateway: str) -> None:

@@ -31,6 +31,10 @@ class Narrator(rf.Agent):
         await asyncio.sleep(3600)
 
     @rf.handler
+    async def quick(self) -> str:
+        return "done"
+
+    @rf.handler
     async def think(self) -> None:
         await asyncio.sleep(3600)  # journals nothing and streams nothing
 
@@ -115,7 +119,24 @@ def test_a_turn_that_journals_and_streams_nothing_is_listed_while_it_runs(make_a
     assert handle.cancel()
     with pytest.raises(rf.TurnInterruptedError):
         handle.result(timeout=60)
-    assert fleet.turns("narrator/4") == [] and fleet.turn("narrator/4", handle.id) is None
+    # Ended, it is not listed as in progress; its owner host still knows how it ended.
+    assert fleet.turns("narrator/4") == []
+    ended = fleet.turn("narrator/4", handle.id)
+    assert ended is not None and (ended.id, ended.method, ended.status) == (handle.id, "think",
+                                                                          rf.TurnStatus.INTERRUPTED)
+
+
+def test_a_plain_turn_that_ended_is_known_to_its_owner_host(make_any_fleet: Any) -> None:
+    # It journaled and streamed nothing, so only the host that ran it knows it (while it holds the identity).
+    fleet = make_any_fleet(hosts=1)
+    ref = fleet.spawn("narrator/5", Narrator)
+    handle = ref.start("quick")
+    assert handle.result(timeout=60) == "done"
+    info = fleet.turn("narrator/5", handle.id)
+    assert info is not None and (info.method, info.status) == ("quick", rf.TurnStatus.COMPLETED)
+    other = fleet.spawn("narrator/6", Narrator)
+    assert other.call("quick") == "done"
+    assert fleet.turn("narrator/6", handle.id) is None  # on the same host, but another identity's turn
 
 
 def test_cancel_interrupts_the_turn_and_ends_its_stream(make_any_fleet: Any) -> None:
