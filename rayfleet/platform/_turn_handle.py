@@ -53,11 +53,11 @@ def _row_key(row: TurnEventRow) -> EventKey:
     return row.epoch, row.seq, 0
 
 
-# What the reading loop asks its driver for, and gets back.
-_Ledger = tuple[str, EventKey | None]      # ("ledger", after): the persisted events after it
-_Poll = tuple[str, EventKey | None]        # ("poll", after): the owner's reply (events, state, gap)
-_Kept = tuple[str, EventKey]               # ("kept", key): whether the ledger keeps that persisted event
-_Yield = tuple[str, TurnEvent]             # ("event", event): hand it to the client
+# What the reading loop asks its driver for, and gets back:
+#   ("ledger", after): the persisted events after it
+#   ("poll", after):   the owner's reply (events, state, gap)
+#   ("kept", key):     whether the ledger keeps that persisted event
+#   ("event", event):  hand it to the client (answered with None)
 
 
 def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] | None
