@@ -373,12 +373,20 @@ class StreamHub:
 
     # -- the watchers' side -------------------------------------------------------------
 
-    def state(self, turn_id: str) -> str:
-        """``running``, ``ended`` or ``unknown`` (to this host)."""
+    def state(self, turn_id: str, *, in_progress: bool = False) -> str:
+        """``running``, ``ended`` or ``unknown`` (to this host).
+
+        ``running`` only while the turn runs here, or is in progress here as its owner says
+        (``in_progress``: suspended with this host as its owner). A stream left open by a
+        turn that stopped here without an end (its lease went; it was sent again and may
+        have ended on another owner) does not make it ``running``: a reader told so when
+        the identity comes back here would poll forever, while ``unknown`` sends it to the
+        ledger once its caller has the reply.
+        """
         stream = self._streams.get(turn_id)
         if (stream is not None and stream.ended) or turn_id in self._ended:
             return "ended"
-        if turn_id in self._running or (stream is not None and stream.active):
+        if turn_id in self._running or in_progress:
             return "running"
         return "unknown"
 
@@ -401,7 +409,7 @@ class StreamHub:
         deadline = asyncio.get_running_loop().time() + max(0.0, wait)
         while True:
             found, gap = self._after(stream, after)
-            state = self.state(turn_id)
+            state = self.state(turn_id, in_progress=in_progress)
             # An ended stream whose ids are not given yet (its reset check is in flight) is waited for.
             settled = stream.ready or not stream.active
             if found or gap or (settled and (stream.ended or state == "ended")):

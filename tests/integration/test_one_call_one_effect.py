@@ -71,15 +71,22 @@ class Counter(rf.Agent):
         return self.state.total
 
 
-def hosts_up(fleet: rf.Fleet) -> None:
-    """Wait until every host actor answers (Ray restarts a killed one): each round starts with both serving.
+def hosts_up(fleet: rf.Fleet, names: set[str]) -> None:
+    """Wait until every host in ``names`` is registered again and answers (Ray restarts a killed one).
 
     The rounds test one host's death at a time; a round begun while the previous round's
-    host is still being restarted would leave both hosts down at once.
+    host is still being restarted would leave both hosts down at once. Registered, not
+    only alive: a killed host is removed from the ledger's host list when its death is
+    found, and a restarted one serves identities only once its new incarnation registered
+    (on a loaded machine Ray can take most of a minute to construct it).
     """
-    for host in fleet.hosts():
-        handle = ray.get_actor(host.name, namespace=fleet.config.namespace)
-        eventually(lambda handle=handle: serving(handle), f"host {host.name} to serve again", timeout=120)
+    def up() -> bool:
+        registered = {host.name for host in fleet.hosts()}
+        return names <= registered and all(
+            serving(ray.get_actor(name, namespace=fleet.config.namespace)) for name in names
+        )
+
+    eventually(up, f"hosts {sorted(names)} registered and serving again", timeout=180)
 
 
 def serving(handle: ray.actor.ActorHandle) -> bool:
@@ -104,9 +111,10 @@ def test_a_host_dying_between_the_commit_and_the_reply_costs_no_second_effect(
     fleet: rf.Fleet = make_any_fleet(hosts=2)  # type: ignore[operator]
     ref = fleet.spawn("counter/crash", Counter)
     total = ref.call("add", n=1)
+    names = {host.name for host in fleet.hosts()}
     flag = tmp_path / "crash"
     for round_ in range(ROUNDS):
-        hosts_up(fleet)
+        hosts_up(fleet, names)
         flag.touch()
         total += 10
         got = add(ref, round_, n=10, crash_flag=str(flag))
@@ -121,8 +129,9 @@ def test_a_call_sent_as_its_host_is_killed_has_one_effect(make_any_fleet: object
     fleet: rf.Fleet = make_any_fleet(hosts=2)  # type: ignore[operator]
     ref = fleet.spawn("counter/once", Counter)
     total = ref.call("add", n=1)
+    names = {host.name for host in fleet.hosts()}
     for round_ in range(ROUNDS):
-        hosts_up(fleet)
+        hosts_up(fleet, names)
         assert ref.call("add", n=0, timeout=60) == total  # active on a host again (a read commits nothing)
         owner = fleet.status("counter/once").host
         assert owner is not None

@@ -43,11 +43,14 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter as Tally
 from collections import defaultdict
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,6 +350,7 @@ class ChaosRun:
         self.turn_ids = [f"chaos/t/{index}" for index in range(profile.turns)]
         self.stream_ids = [f"chaos/s/{index}" for index in range(profile.streams)]
         self.stream_reads: list[StreamRead] = []
+        self.loops: dict[str, asyncio.AbstractEventLoop] = {}
         self.stream_stats: dict[str, Any] = {}
         self.effects_path = str(storage.parent / "turn-effects.log")
         self.turn_stats: dict[str, Any] = {}
@@ -444,7 +448,7 @@ class ChaosRun:
         async def main() -> None:
             await asyncio.gather(*(self._client(index) for index in range(self.profile.clients)))
 
-        asyncio.run(main())
+        self._run_loop("workload", main())
 
     # -- workload: durable turns (steps, suspension) ----------------------------------------
 
@@ -482,7 +486,31 @@ class ChaosRun:
                                  *(self._stream_client(index, identity)
                                    for index, identity in enumerate(self.stream_ids)))
 
-        asyncio.run(main())
+        self._run_loop("turns", main())
+
+    def _run_loop(self, name: str, main: Coroutine[Any, Any, None]) -> None:
+        """Run ``main`` on a loop of this thread's own, kept so that a thread that does not stop can be shown."""
+        with asyncio.Runner() as runner:
+            self.loops[name] = runner.get_loop()
+            runner.run(main)
+
+    def _where_stuck(self, thread: threading.Thread) -> str:
+        """Where a thread that did not stop waits: its asyncio tasks' innermost frames, or its own stack."""
+        places: list[str] = []
+        loop = self.loops.get(thread.name)
+        if loop is not None and not loop.is_closed():
+            for task in list(asyncio.all_tasks(loop)):
+                frames = task.get_stack()
+                if frames:
+                    inner = frames[-1]
+                    places.append(f"{task.get_coro()!r:.60}: {inner.f_code.co_filename.rsplit('/', 1)[-1]}:"
+                                  f"{inner.f_lineno} in {inner.f_code.co_name}")
+        frame = sys._current_frames().get(thread.ident or -1)
+        if frame is not None:
+            stack = traceback.extract_stack(frame)[-4:]
+            places.append("thread: " + " <- ".join(f"{entry.filename.rsplit('/', 1)[-1]}:{entry.lineno} "
+                                                   f"{entry.name}" for entry in reversed(stack)))
+        return "; ".join(places)[:3000]
 
     # -- workload: stream readers ------------------------------------------------------
 
@@ -897,6 +925,7 @@ class ChaosRun:
                 thread.join(timeout=self.profile.op_patience + 30)
                 if thread.is_alive():
                     self.violations.append(f"thread {thread.name} did not stop")
+                    self.notes.append(f"thread {thread.name} waits at: {self._where_stuck(thread)}")
             self.workload_seconds = time.monotonic() - started
             return self.check()
         finally:

@@ -426,6 +426,21 @@ async def test_a_stream_whose_turn_was_cut_off_and_never_sent_again_is_forgotten
         assert persisted(ledger, "t-cut") == []
 
 
+async def test_a_turn_cut_off_here_is_not_reported_running_here_afterwards(ledger: Ledger, tmp_path: Path) -> None:
+    """A turn that stopped here without an end (its lease went; it was sent to, and ended on, another
+    owner) is not "running" here when its identity comes back: a reader told so would poll forever."""
+    async with host(ledger, tmp_path, "a") as a:
+        await a.delivery.deliver(rf.Envelope(target="w/1", method="plain"))
+        hub = a.delivery.streams
+        hub.begin("w/1", "t-moved", "write")
+        hub.emit("w/1", "t-moved", "status", "null")
+        await hub.settle("t-moved")
+        hub.stop("t-moved")
+        events, state, gap = await a.delivery.watch_turn("w/1", "t-moved", None, 0.05)
+        assert state == "unknown", (events, state, gap)
+        assert [event[2] for event in events] == ["started", "status"]
+
+
 async def test_a_journaled_turn_that_fails_writes_its_end_event_with_its_end(ledger: Ledger, tmp_path: Path) -> None:
     runtime = HostRuntime(name="a", ledger=EndsNotWrittenAlone(ledger), snapshots=SnapshotStore(str(tmp_path)),
                           incarnation="a", wake_interval=0.05)
