@@ -559,7 +559,8 @@ class ChaosRun:
             try:
                 value = await asyncio.wait_for(handle.wait(), self.profile.op_patience)
             except Exception as error:  # outcome unknown
-                self.history.record("info", process, op, identity, key, _describe(error))
+                read.outcome = _describe(error)
+                self.history.record("info", process, op, identity, key, read.outcome)
             else:
                 self.history.record("ok", process, op, identity, key, value)
                 read.acknowledged = True
@@ -1044,7 +1045,7 @@ class ChaosRun:
                 stats["streams not read to the end"] += 1
                 self.notes.append(f"{where}: stream not read to the end (acknowledged: {read.acknowledged}; last "
                                   f"events {[(event.id, event.kind) for event in read.events[-3:]]}; errors "
-                                  f"{read.errors[-2:]})")
+                                  f"{read.errors[-2:]}; the reply: {read.outcome or 'none'})")
                 continue
             kept = _retry(lambda read=read: [event for event in fleet.turn_events(read.identity, read.turn_id)
                                              if event.persisted], never, patience=30)
@@ -1337,6 +1338,8 @@ class StreamRead:
     """Reconnections after the reader itself dropped the connection."""
     errors: list[str] = field(default_factory=list)
     acknowledged: bool = False
+    outcome: str = ""
+    """Why the turn's reply never came (its error, described), if it did not."""
 
 
 STREAM_ENDS = {"completed", "failed", "interrupted"}
