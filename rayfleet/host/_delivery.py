@@ -6,8 +6,10 @@ Every message meets the same gates, in this order:
    ``INTERNAL_ONLY`` agent, and learns nothing else about it;
 2. lifecycle state: activation refuses a retired or broken identity;
 3. the handler exists and the arguments bind to it;
-4. pause: while the agent is paused the message is parked durably in the ledger
-   and its caller waits until a resume replays it;
+4. pause and the mailbox: while the agent is paused, or a suspended turn or a running
+   durable one (it journaled) holds the mailbox, the message is parked durably in the
+   ledger and its caller waits until a resume or that turn's end replays it; behind a
+   plain running turn it waits in memory for the turn lock;
 5. conversation sequence: a sequence below the conversation's high-water mark is refused;
 6. dedup: a repeated idempotency key of the same sender, or a message id a
    state-changing turn already committed (a router's re-send after the host it sent
@@ -365,8 +367,15 @@ class Delivery:
                 joined = await self._steer(entry, envelope)
                 if joined is not None:
                     return joined
+        if mode == "queue" and not envelope.wake and _parks_behind_running(entry, envelope):
+            return await self._park_behind_running(entry, envelope)
         interrupted = False
-        async with entry.turn_lock:
+        entry.lock_waiters += 1
+        try:
+            await entry.turn_lock.acquire()
+        finally:
+            entry.lock_waiters -= 1
+        try:
             if entry.dropped:
                 # Deactivated or fenced while this message waited: activate again and retry.
                 return await self._admit(envelope)
@@ -387,7 +396,7 @@ class Delivery:
                         self._open_mailbox(entry)
             if entry.paused or entry.draining_parked or entry.suspended_turn not in (None, envelope.message_id):
                 # Paused, or a suspended turn holds the mailbox (or the messages parked behind
-                # it are being replayed): wait behind them, durably, in order.
+                # a turn are being replayed): wait behind them, durably, in order.
                 parked = await self._park(entry, envelope)
                 suspended = None
             else:
@@ -395,6 +404,8 @@ class Delivery:
                 if not result.suspended or envelope.wake:
                     return result
                 suspended = self._turn_waiter(envelope.message_id)
+        finally:
+            entry.turn_lock.release()
         if suspended is not None:
             # Waited for outside the turn lock: the turn's wake takes it to resume the turn.
             return await self._outlive(entry, envelope, suspended)
@@ -622,8 +633,8 @@ class Delivery:
             if entry.dropped:
                 raise LeaseLostError(
                     identity=envelope.target,
-                    detail="the identity left this host while its turn was suspended; send the message again: "
-                    "its new owner resumes the turn from its journal",
+                    detail="the identity left this host while the message waited for a turn; send the message "
+                    "again: its new owner resumes the turn from its journal",
                 )
 
     def _settle(self, turn_id: str, *, result: TurnResult | None = None, error: BaseException | None = None) -> None:
@@ -647,12 +658,36 @@ class Delivery:
                 if entry.suspended_turn == turn_id and isinstance(error, HandlerError):
                     self._open_mailbox(entry)  # it failed for good: the turn is over
                 self._settle(turn_id, error=error)
+                self._after_running(entry)
             raise
         if not result.suspended:
             if entry.suspended_turn == turn_id:
                 self._open_mailbox(entry)
             self._settle(turn_id, result=result)
+        self._after_running(entry)
         return result
+
+    def _after_running(self, entry: HostedAgent) -> None:
+        """A turn stopped running here: replay what parked behind it (a suspended turn holds it instead)."""
+        if entry.parks_behind_running and entry.suspended_turn is None and not entry.draining_parked:
+            self._open_mailbox(entry)
+
+    async def _park_behind_running(self, entry: HostedAgent, envelope: Envelope) -> TurnResult:
+        """Park ``envelope`` behind the durable turn running now, without waiting for the turn lock.
+
+        The park is written at once, so the message is durable while the turn runs (for
+        minutes, for a model loop); the turn's end replays it, in the order parked.
+
+        Raises:
+            LeaseLostError: the park was refused, or the identity left this host while the
+                message waited; its caller sends it again (a parked copy left behind is
+                replayed by the next owner, and its message id makes the second one a duplicate).
+        """
+        entry.parks_behind_running = True  # before any await: a later message parks behind this one
+        parking = asyncio.ensure_future(self._park(entry, envelope))
+        entry.parking.add(parking)
+        parking.add_done_callback(entry.parking.discard)
+        return await self._outlive(entry, envelope, await parking)
 
     async def _suspended_key(self, entry: HostedAgent) -> str | None:
         """The dedup key of the suspended turn: known if it suspended here, else read from its journal's row."""
@@ -681,18 +716,20 @@ class Delivery:
                             name=f"wake {envelope.target} {envelope.message_id}")
 
     def _open_mailbox(self, entry: HostedAgent) -> None:
-        """The suspended turn ended: replay the messages parked behind it, oldest first, then take new ones."""
+        """The turn that held the mailbox ended: replay what parked behind it, oldest first, then take new ones."""
         entry.suspended_turn = None
         entry.suspended_key = None
+        entry.parks_behind_running = False  # from now on a new message parks under the turn lock, behind these
         if not entry.paused:
             entry.draining_parked = True
             self._in_background(self._drain(entry), name=f"drain {entry.spec.identity}")
 
     async def _drain(self, entry: HostedAgent) -> None:
-        """Replay what was parked behind a suspended turn, until none is left or another turn suspends.
+        """Replay what was parked behind a turn, until none is left or another turn suspends.
 
         New messages park while this runs (``draining_parked``), so the order holds; the
-        final empty read and the end of the drain happen under the turn lock. Never raises:
+        final empty read and the end of the drain happen under the turn lock, after every
+        park begun behind a running turn was written. Never raises:
         what could not be replayed stays parked for the next drain (the next turn that
         ends, or the next owner's).
         """
@@ -702,6 +739,8 @@ class Delivery:
                 async with entry.turn_lock:
                     if entry.dropped or entry.paused or entry.suspended_turn is not None:
                         return
+                    while entry.parking:
+                        await asyncio.wait(set(entry.parking))
                     batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
                     if not batch:
                         return
@@ -721,6 +760,7 @@ class Delivery:
         if entry is None:
             try:
                 entry = await self._activations.activate(identity)
+                self._replay_left(entry)
             except InvalidStateError:
                 # Addressability is checked first even when the agent cannot be activated,
                 # so an outside caller does not learn the lifecycle of an internal agent.
@@ -752,7 +792,7 @@ class Delivery:
                            port=_HostJournal(self, entry), wall_clock=self._wall_clock,
                            stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class),
                            run_id=envelope.workflow_run())
-        entry.running_turn = turn_id
+        entry.running_turn, entry.running_context = turn_id, turn
         streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
         if turn_id in (entry.suspended_turn, entry.recovered_turn):
             # A turn with a journal: read it first, so a replay's steering reads come from it too.
@@ -781,7 +821,7 @@ class Delivery:
             self._end_steering(entry, envelope.message_id, error=error)
             raise
         finally:
-            entry.running_turn = None
+            entry.running_turn, entry.running_context = None, None
             entry.interrupts.pop(envelope.message_id, None)
             if turn.steps_run:
                 self._metrics.turn_event(entry.agent_class, "step", turn.steps_run)
@@ -1040,10 +1080,23 @@ class Delivery:
 
     async def _entry(self, identity: str) -> HostedAgent:
         """The hosted entry of ``identity``, activating it here if needed."""
-        return self._entries.get(identity) or await self._activations.activate(identity)
+        entry = self._entries.get(identity)
+        if entry is None:
+            entry = await self._activations.activate(identity)
+            self._replay_left(entry)
+        return entry
+
+    def _replay_left(self, entry: HostedAgent) -> None:
+        """Just activated: replay the messages the last owner left parked, unless a pause or a
+        suspended turn still holds them (its end, or the resume, replays them)."""
+        if entry.parked_left:
+            entry.parked_left = False
+            if entry.suspended_turn is None and not entry.draining_parked:
+                self._open_mailbox(entry)
 
     async def _park(self, entry: HostedAgent, envelope: Envelope) -> asyncio.Future[TurnResult]:
-        """Hold ``envelope`` durably (caller holds the turn lock); returns what its caller awaits.
+        """Hold ``envelope`` durably (caller holds the turn lock, or parks behind the running turn);
+        returns what its caller awaits.
 
         Raises:
             LeaseLostError: the park was refused; the entry is dropped and nothing is parked.
@@ -1235,6 +1288,23 @@ def _answer_with(waiter: asyncio.Future[TurnResult], source: asyncio.Future[Turn
         else:
             waiter.set_result(done.result())
     source.add_done_callback(copy)
+
+
+def _parks_behind_running(entry: HostedAgent, envelope: Envelope) -> bool:
+    """Whether a queued message parks behind the running turn now instead of waiting for the turn lock.
+
+    It does behind a durable turn (one that journaled) and behind messages already parked
+    that way, so a long turn's waiting messages survive its host. It waits in memory when
+    messages that came before it wait there (it must not overtake them), and under the
+    lock when a pause, a suspended turn or a replay holds the mailbox (it parks there).
+    """
+    if entry.paused or entry.draining_parked or entry.suspended_turn is not None:
+        return False
+    if entry.parks_behind_running:
+        return True
+    running = entry.running_context
+    return (running is not None and running.journaled and entry.running_turn != envelope.message_id
+            and entry.lock_waiters == 0)
 
 
 def _turn_in_progress(entry: HostedAgent, envelope: Envelope) -> tuple[str, str] | None:

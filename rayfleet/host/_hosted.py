@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
@@ -20,6 +20,9 @@ from ..identity._values import ContinuityRecord, LeaseGrant
 from ..ledger._turn_rows import TurnEnd
 from ..ledger._values import StepEntry, StepJournaled
 from ._messages import RECENT_MESSAGES, ConversationSequences, DedupWindow
+
+if TYPE_CHECKING:
+    from ..turns._context import TurnContext
 
 
 class OwnedElsewhere(Exception):
@@ -92,9 +95,22 @@ class HostedAgent:
     suspended_key: str | None = None
     """The suspended turn's dedup key (``sender␟idempotency key``), or ``None`` (none, or not read yet)."""
     draining_parked: bool = False
-    """The messages parked behind a suspended turn that ended are being replayed: new ones park too."""
+    """The messages parked behind a turn that ended are being replayed: new ones park too."""
+    parked_left: bool = False
+    """Messages were parked when this host activated the identity (left by its last owner): the
+    first message here replays them before it runs."""
+    parks_behind_running: bool = False
+    """Messages parked behind the running turn here: later ones park too, and its end replays them."""
+    parking: set[asyncio.Future[Any]] = field(default_factory=set)
+    """Parks behind the running turn still being written (taken without the turn lock); a replay of
+    the parked messages waits for them, so none is left behind."""
+    lock_waiters: int = 0
+    """Messages waiting in memory for the turn lock; while any do, a later one waits with them
+    (in order) instead of parking ahead of them."""
     running_turn: str | None = None
     """The id of the exclusive turn whose handler runs now."""
+    running_context: TurnContext | None = None
+    """The running turn's context: whether it journaled (a durable turn) decides where later messages wait."""
     recovered_turn: str | None = None
     """A turn the previous owner left running (read at activation): its journal is read before it runs."""
     interrupts: dict[str, str] = field(default_factory=dict)

@@ -83,6 +83,8 @@ class IdentityView:
     """The id of its suspended turn, if one holds its mailbox (later messages wait behind it)."""
     running_turn: str | None = None
     """The id of a turn its last owner left running (it stopped mid-turn): the turn's re-send replays it."""
+    parked: bool = False
+    """Messages wait parked in its durable mailbox (behind a pause, a suspended or a running turn)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -117,6 +117,8 @@ def views(
         "(SELECT min(t.turn_id) FROM turns t WHERE t.identity = i.identity AND t.status = 'SUSPENDED')",
         # A turn left running by an owner that stopped: its re-send replays it from its journal.
         "(SELECT min(t.turn_id) FROM turns t WHERE t.identity = i.identity AND t.status = 'RUNNING')",
+        # Messages its mailbox holds: the next owner replays them (one index probe).
+        "(SELECT min(k.seq) FROM parked k WHERE k.identity = i.identity)",
     )
     rows = json_rows(tx, (
         f"SELECT {columns} FROM identities i LEFT JOIN continuity c ON c.identity = i.identity "
@@ -128,7 +130,7 @@ def views(
     found: dict[str, IdentityView] = {}
     for (identity, spec, fingerprint, agent_class, labels, lifecycle, reason, addressability, declared, runtime_id,
          session_id, generation, version, record_token, file, file_row, state, holder, token, ttl, expires_at,
-         paused, suspended, running) in rows:
+         paused, suspended, running, parked) in rows:
         record, pointer = _continuity_of(identity, runtime_id, session_id, generation, version, record_token, file,
                                          file_row, inline=None if state is None else bytes.fromhex(state))
         found[identity] = IdentityView(
@@ -137,6 +139,7 @@ def views(
             continuity=record, snapshot=pointer, lease=_live_lease(holder, token, ttl, expires_at, now=now),
             paused=paused is not None, declared_peers=tuple(json.loads(declared)),
             wired_peers=peers.get(identity, ()), suspended_turn=suspended, running_turn=running,
+            parked=parked is not None,
         )
     return {name: found[name] for name in names if name in found}
 

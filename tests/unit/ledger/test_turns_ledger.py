@@ -231,6 +231,18 @@ def test_the_activation_view_names_the_suspended_turn(ledger):
     assert ledger.resolve(["a"])["a"].suspended_turn == "t1"
 
 
+def test_the_activation_view_says_whether_messages_are_parked(ledger):
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    assert ledger.resolve(["a"])["a"].parked is False
+    ledger.park(identity="a", fencing_token=token, message_id="m1", envelope=b"e")
+    ledger.park(identity="a", fencing_token=token, message_id="m2", envelope=b"e")
+    assert ledger.resolve(["a"])["a"].parked is True
+    for stored in ledger.parked("a", limit=10):
+        ledger.unpark(identity="a", fencing_token=token, seq=stored.id)
+    assert ledger.resolve(["a"])["a"].parked is False
+
+
 def test_an_entries_only_write_adds_the_entry_and_leaves_the_row_and_is_fenced(ledger, clock):
     register(ledger)
     token = grant(ledger, "h1", ttl=1.0).fencing_token

@@ -24,6 +24,8 @@ from rayfleet.ledger._values import SpecRecord
 from rayfleet.turns._context import encode_signal
 
 EFFECTS: list[str] = []
+DRAFTING = asyncio.Event()
+"""Holds ``Shop.draft`` after its first step until a test sets it."""
 
 
 def effect(label: str) -> str:
@@ -62,6 +64,13 @@ class Shop(rf.Agent):
         return f"{verdict} by {decision.by}: {decision.comment} {decision.data}"
 
     @rf.handler
+    async def draft(self) -> str:
+        await self.step("outline", effect, "outline")  # journaled: a durable turn from here on
+        await DRAFTING.wait()
+        self.state.seen.append("draft")
+        return "drafted"
+
+    @rf.handler
     async def note(self, text: str) -> list[str]:
         self.state.seen.append(text)
         return list(self.state.seen)
@@ -69,7 +78,9 @@ class Shop(rf.Agent):
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
+    global DRAFTING
     EFFECTS.clear()
+    DRAFTING = asyncio.Event()  # an event is bound to the loop it first waits on: one per test
 
 
 @pytest.fixture
@@ -320,3 +331,52 @@ async def test_a_burst_of_wakes_is_claimed_as_fast_as_the_host_delivers_them(
         # The rest is claimed as the deliveries end, without waiting for the next interval (an hour).
         await until(lambda: not ledger.turns(statuses=("SUSPENDED",)))
         assert all(a.is_active(identity) for identity in shops)
+
+
+async def test_messages_behind_a_running_durable_turn_wait_in_the_ledger_and_run_after_it_in_order(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        drafting = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="draft")))
+        notes = []
+        try:
+            await until(lambda: EFFECTS == ["outline"])
+            for count, text in enumerate(("first", "second"), start=1):
+                notes.append(asyncio.ensure_future(a.delivery.deliver(
+                    rf.Envelope(target="shop/1", method="note", kwargs={"text": text}))))
+                await until(lambda count=count: len(ledger.parked("shop/1", limit=10)) == count)
+            assert not drafting.done() and not any(note.done() for note in notes)
+        finally:
+            DRAFTING.set()
+        assert (await asyncio.wait_for(drafting, 20)).value == "drafted"
+        first, second = [(await asyncio.wait_for(note, 20)).value for note in notes]
+        assert first == ["draft", "first"] and second == ["draft", "first", "second"]
+        assert ledger.parked("shop/1", limit=10) == []
+        # The mailbox is open again: a message now runs at once, without parking.
+        assert (await a.delivery.deliver(rf.Envelope(target="shop/1", method="note", kwargs={"text": "third"}))
+                ).value == ["draft", "first", "second", "third"]
+
+
+async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_at_the_next_owner(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        drafting = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="draft")))
+        noting = None
+        try:
+            await until(lambda: EFFECTS == ["outline"])
+            noting = asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
+            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
+            ledger.revoke_holder(a.holder)  # host a is gone, with both callers (the turn is never sent again)
+            async with host(ledger, tmp_path, "b") as b:
+                # The next message activates the identity at b, which first runs what was parked.
+                later = await b.delivery.deliver(
+                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"}))
+                assert later.value == ["parked", "later"]
+                assert ledger.parked("shop/1", limit=10) == []
+        finally:
+            DRAFTING.set()
+        for call in (drafting, noting):
+            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
+                await asyncio.wait_for(call, 20)
