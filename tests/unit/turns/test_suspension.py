@@ -26,6 +26,8 @@ from rayfleet.turns._context import encode_signal
 EFFECTS: list[str] = []
 DRAFTING = asyncio.Event()
 """Holds ``Shop.draft`` after its first step until a test sets it."""
+STARTING = asyncio.Event()
+"""Holds ``Shop.draft(hold=True)`` before its first step until a test sets it."""
 
 
 def effect(label: str) -> str:
@@ -64,7 +66,9 @@ class Shop(rf.Agent):
         return f"{verdict} by {decision.by}: {decision.comment} {decision.data}"
 
     @rf.handler
-    async def draft(self) -> str:
+    async def draft(self, hold: bool = False) -> str:
+        if hold:
+            await STARTING.wait()  # still a plain turn: nothing journaled yet
         await self.step("outline", effect, "outline")  # journaled: a durable turn from here on
         await DRAFTING.wait()
         self.state.seen.append("draft")
@@ -78,9 +82,9 @@ class Shop(rf.Agent):
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
-    global DRAFTING
+    global DRAFTING, STARTING
     EFFECTS.clear()
-    DRAFTING = asyncio.Event()  # an event is bound to the loop it first waits on: one per test
+    DRAFTING, STARTING = asyncio.Event(), asyncio.Event()  # an event is bound to the loop it first waits on
 
 
 @pytest.fixture
@@ -380,3 +384,31 @@ async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_at_t
         for call in (drafting, noting):
             with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
                 await asyncio.wait_for(call, 20)
+
+
+async def test_a_message_never_parks_ahead_of_one_that_waits_in_memory_behind_a_plain_turn(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        drafting = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="draft", kwargs={"hold": True})))
+        notes = []
+        try:
+            await asyncio.sleep(0.2)
+            # Behind a plain turn (nothing journaled yet) a message waits in the host's memory.
+            notes.append(asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "first"}))))
+            await asyncio.sleep(0.2)
+            STARTING.set()
+            await until(lambda: EFFECTS == ["outline"])  # now a durable turn
+            # The next one waits with the first, in memory, instead of parking ahead of it.
+            notes.append(asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "second"}))))
+            await asyncio.sleep(0.3)
+            assert ledger.parked("shop/1", limit=10) == []
+        finally:
+            STARTING.set()
+            DRAFTING.set()
+        assert (await asyncio.wait_for(drafting, 20)).value == "drafted"
+        first, second = [(await asyncio.wait_for(note, 20)).value for note in notes]
+        assert first == ["draft", "first"] and second == ["draft", "first", "second"]
