@@ -116,8 +116,12 @@ def listing(tx: Transaction, *, status: str | None, identity: str | None, limit:
 
 
 def drop(tx: Transaction, identity: str) -> None:
-    """Forget every approval of a deleted identity."""
-    tx.execute("DELETE FROM approvals WHERE identity = ?", (identity,))
+    """Forget the pending approvals of a deleted identity: nothing can take their decision now.
+
+    Decided ones stay, listed and read as before: they are the audit trail of who
+    decided what (a workflow's waiter is deleted when its run ends; its decisions are not).
+    """
+    tx.execute("DELETE FROM approvals WHERE identity = ? AND status = ?", (identity, PENDING))
 
 
 def _like(pattern: str) -> str:

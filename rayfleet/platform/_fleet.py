@@ -62,6 +62,7 @@ from ._ref import AgentRef, send
 from ._routing import Courier, HostDirectory, HostRequest
 from ._runner import (
     RUNNER_ACTOR_NAME,
+    UNFINISHED,
     RunnerClient,
     driver_holder,
     execute_run,
@@ -533,7 +534,10 @@ class Fleet:
         return self.status(identity)
 
     def delete(self, identity: str) -> None:
-        """Remove the identity and its continuity record; later calls raise ``UnknownIdentityError``."""
+        """Remove the identity and its continuity record; later calls raise ``UnknownIdentityError``.
+
+        Its pending approvals are dropped (nothing can take their decision now); decided
+        ones stay in ``fleet.approvals`` as the audit trail of who decided what."""
         self._lifecycle(identity, "delete", lambda host: host.delete.remote(identity))
         self._courier.directory.forget(identity)
 
@@ -576,11 +580,18 @@ class Fleet:
         Raises:
             InvalidSpecError: an empty run id or name, or a value that cannot be encoded
                 or is over 256 KiB encoded.
+            UsageError: the run has ended: nothing of it will wait again (its waiters were
+                deleted with its end), so the signal is refused rather than kept forever.
         """
         if not isinstance(run_id, str) or not run_id:
             raise InvalidSpecError(f"run_id must be a run's id, got {run_id!r}", field="run_id")
         if not isinstance(name, str) or not name:
             raise InvalidSpecError(f"a signal needs a name, got {name!r}", field="name")
+        record = self._ledger.run(run_id).result()
+        if record is not None and record.status not in UNFINISHED:
+            raise UsageError(f"run {run_id!r} has ended ({record.status}): no step of it waits for signal {name!r} "
+                             f"now or later; signal a run that is pending, running or paused",
+                             api="fleet.signal_run()")
         identity = signal_waiter_identity(run_id, name)
         self._ledger.register(waiter_record(identity)).result()
         return self.signal(identity, name, value, signal_id=signal_id)

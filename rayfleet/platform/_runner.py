@@ -29,6 +29,7 @@ from ..errors import (
     RayfleetError,
     RunOwnedElsewhereError,
     StaleRunTokenError,
+    UnknownIdentityError,
     WorkflowError,
 )
 from ..host._messages import Envelope, workflow_sender
@@ -51,6 +52,9 @@ from ._shipping import spec_record
 log = logging.getLogger("rayfleet.workflow")
 
 RUNNER_ACTOR_NAME = "rayfleet-runner"
+WAITER_DELETE_TIMEOUT = 10.0
+"""Seconds an ended run's engine waits for its waiters to be deleted (together) before leaving them;
+the run's outcome is recorded already, and ``fleet.run`` returns it after this at most."""
 UNFINISHED = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.PAUSED.value)
 
 
@@ -83,6 +87,15 @@ class RayDispatcher:
 
     async def ensure_waiter(self, identity: str) -> None:
         await self._ledger.register(waiter_record(identity))
+
+    async def retire_waiter(self, identity: str) -> None:
+        """Delete the waiter through its owner (as ``fleet.delete``): a suspended wait of it ends with it."""
+        try:
+            await self._courier.route_async(identity, lambda host: host.delete.remote(identity), method="delete",
+                                            timeout=WAITER_DELETE_TIMEOUT)
+        except UnknownIdentityError:
+            return  # its step never ran
+        self._courier.directory.forget(identity)
 
 
 def waiter_record(identity: str) -> SpecRecord:

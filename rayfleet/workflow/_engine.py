@@ -126,6 +126,14 @@ class Dispatcher(Protocol):
         """Make sure a :class:`~rayfleet.workflow._waits.WorkflowWaiter` named ``identity`` exists (idempotent)."""
         ...
 
+    async def retire_waiter(self, identity: str) -> None:
+        """Delete the waiter named ``identity`` of a run that ended, if it exists (its decided approvals stay).
+
+        Raises:
+            RayfleetError: it could not be deleted now (the engine logs it and goes on).
+        """
+        ...
+
 
 class StepOutcome(str, enum.Enum):
     """How one step of a run ended, as counted by ``rayfleet_workflow_steps``."""
@@ -427,6 +435,19 @@ class WorkflowEngine:
         await self._fenced(self._journal.set_status, self.run_id, status, detail, outcome=outcome,
                            release=self.holder)
         self._released = True
+        await self._retire_waiters()
+
+    async def _retire_waiters(self) -> None:
+        """The run ended: delete the waiters of its waiting steps, so they do not pile up among the
+        fleet's agents. Never raises: a waiter left behind is only listed, never run again."""
+        waiters = sorted({waiter_identity(self.run_id, step.wait, step.label)
+                          for step in self.workflow.steps.values() if step.wait is not None})
+        # Together: the run's outcome waits for the slowest one, never for their sum.
+        results = await asyncio.gather(*(self._dispatcher.retire_waiter(identity) for identity in waiters),
+                                       return_exceptions=True)
+        for identity, result in zip(waiters, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("the waiter %s of ended run %r is left in the fleet: %s", identity, self.run_id, result)
 
     async def _run_owned(self, state: JournalState) -> WorkflowOutcome:
         order = self.workflow.order()

@@ -63,6 +63,10 @@ def refund_flow(name: str) -> rf.Workflow:
     return wf
 
 
+def waiters_of(fleet: rf.Fleet, run_id: str) -> list[str]:
+    return [agent.identity for agent in fleet.list_agents() if agent.identity.startswith(f"workflow/{run_id}/")]
+
+
 def pending_for(fleet: rf.Fleet, run_id: str) -> list[rf.ApprovalInfo]:
     return [info for info in fleet.approvals.list(identity="workflow/*") if info.data["run"] == run_id]
 
@@ -90,6 +94,10 @@ def test_an_approval_step_survives_a_runner_restart_and_asks_once(fleet: rf.Flee
     # The resumed run joined the waiting turn: still one request for the run.
     assert len([info for info in fleet.approvals.list(status=None, identity="workflow/*")
                 if info.data["run"] == run_id]) == 1
+    # The run's waiter is deleted with its end; the decision stays in the registry.
+    until(lambda: not waiters_of(fleet, run_id), "the run's waiter to be deleted")
+    kept = fleet.approvals.get(request.id)
+    assert kept.status == "APPROVED" and kept.decided_by == "alice"
 
 
 @pytest.mark.timeout(180)
@@ -117,6 +125,11 @@ def test_sleep_and_a_signal_sent_before_its_step_starts(fleet: rf.Fleet) -> None
     assert outcome.status is rf.RunStatus.COMPLETED, outcome.error
     assert time.monotonic() - started >= 0.3
     assert outcome.outputs == {"cool-off": None, "payment": {"eur": 42}}
+    until(lambda: not waiters_of(fleet, run_id), "the run's waiters to be deleted")
+    # A signal to a run that has ended would be kept by nobody, forever: refused.
+    with pytest.raises(rf.UsageError, match="has ended"):
+        fleet.signal_run(run_id, "paid", {"eur": 1})
+    assert not waiters_of(fleet, run_id)
 
 
 @pytest.mark.timeout(180)

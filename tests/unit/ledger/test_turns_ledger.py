@@ -311,6 +311,20 @@ def test_approvals_are_listed_by_the_workflow_run_that_asked_them(ledger):
     assert [r.approval_id for r in ledger.approvals()] == ["ap1", "ap2", "ap3"]
 
 
+def test_a_deleted_identity_keeps_its_decided_approvals_as_the_audit_trail_and_drops_pending_ones(ledger):
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    for approval_id, turn_id in (("ap1", "t1"), ("ap2", "t2")):
+        request, turn = _asked(approval_id, turn_id)
+        ledger.request_approval(identity="a", fencing_token=token, request=request, turn=turn)
+    ledger.resolve_approval(approval_id="ap1", approved=True, by="alice", comment="ok")
+    ledger.delete(identity="a", fencing_token=token)
+    kept = ledger.approval(approval_id="ap1")
+    assert (kept.status, kept.decided_by, kept.comment) == ("APPROVED", "alice", "ok")
+    assert [r.approval_id for r in ledger.approvals(status=None, identity="a")] == ["ap1"]
+    assert ledger.approvals(status="PENDING") == []  # nobody can decide ap2 now
+
+
 def test_a_stale_version_an_unknown_id_and_a_stranger_are_refused(ledger):
     from rayfleet.errors import ApprovalConflictError, InvalidSpecError, UnknownApprovalError
     register(ledger)

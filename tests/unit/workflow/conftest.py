@@ -50,6 +50,9 @@ class FakeFleet:
     async def ensure_waiter(self, identity: str) -> None:
         self.labels.setdefault(identity, {})
 
+    async def retire_waiter(self, identity: str) -> None:
+        self.labels.pop(identity, None)
+
     def dispatched(self, method: str) -> list[dict[str, Any]]:
         """Calls of ``method`` that actually ran a handler (dedup hits excluded)."""
         return [call for call in self.calls if call["method"] == method and not call["dedup"]]
