@@ -226,11 +226,15 @@ class AgentHost:
             # Ray's own property reads a deprecated one inside (actor_id); nothing to change on our side.
             warnings.simplefilter("ignore", DeprecationWarning)
             restarted = context.was_current_actor_reconstructed
+        self._restart_start: asyncio.Task[None] | None = None
         if restarted:
             # Ray restarted this host (its process or node died). Starting now, not on the first
             # request, re-registers it at once, which frees the earlier incarnation's leases:
-            # its identities are served again without waiting a lease TTL.
-            context.current_actor.start_after_restart.remote()
+            # its identities are served again without waiting a lease TTL; and nothing routes
+            # to a host the ledger does not list, so it would wait for good. A task on the
+            # loop, which Ray runs __init__ on: an actor task sent to itself from here could
+            # fail at once, Ray still seeing the actor restarting (it gets no retries).
+            self._restart_start = asyncio.get_event_loop().create_task(self.start_after_restart())
 
     async def start(self) -> str:
         """Connect to the ledger, start the runtime and register; returns the lease holder id.
