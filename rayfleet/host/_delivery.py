@@ -759,8 +759,7 @@ class Delivery:
         entry = self._entries.get(identity)
         if entry is None:
             try:
-                entry = await self._activations.activate(identity)
-                self._replay_left(entry)
+                entry = await self._entry(identity)
             except InvalidStateError:
                 # Addressability is checked first even when the agent cannot be activated,
                 # so an outside caller does not learn the lifecycle of an internal agent.
@@ -792,7 +791,7 @@ class Delivery:
                            port=_HostJournal(self, entry), wall_clock=self._wall_clock,
                            stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class),
                            run_id=envelope.workflow_run())
-        entry.running_turn, entry.running_context = turn_id, turn
+        entry.running_context = turn
         streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
         if turn_id in (entry.suspended_turn, entry.recovered_turn):
             # A turn with a journal: read it first, so a replay's steering reads come from it too.
@@ -821,7 +820,7 @@ class Delivery:
             self._end_steering(entry, envelope.message_id, error=error)
             raise
         finally:
-            entry.running_turn, entry.running_context = None, None
+            entry.running_context = None
             entry.interrupts.pop(envelope.message_id, None)
             if turn.steps_run:
                 self._metrics.turn_event(entry.agent_class, "step", turn.steps_run)

@@ -107,10 +107,9 @@ class HostedAgent:
     lock_waiters: int = 0
     """Messages waiting in memory for the turn lock; while any do, a later one waits with them
     (in order) instead of parking ahead of them."""
-    running_turn: str | None = None
-    """The id of the exclusive turn whose handler runs now."""
     running_context: TurnContext | None = None
-    """The running turn's context: whether it journaled (a durable turn) decides where later messages wait."""
+    """The context of the exclusive turn whose handler runs now: whether it journaled (a durable
+    turn) decides where later messages wait."""
     recovered_turn: str | None = None
     """A turn the previous owner left running (read at activation): its journal is read before it runs."""
     interrupts: dict[str, str] = field(default_factory=dict)
@@ -129,3 +128,8 @@ class HostedAgent:
 
     def __post_init__(self) -> None:
         self.agent_class = self.spec.agent_class_path
+
+    @property
+    def running_turn(self) -> str | None:
+        """The id of the exclusive turn whose handler runs now."""
+        return None if self.running_context is None else self.running_context.turn_id
