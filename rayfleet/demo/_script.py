@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,11 +49,16 @@ def run_demo(
             f"is committed to the ledger.")
         victim = before.host
         assert victim is not None
-        ray.kill(ray.get_actor(victim, namespace=DEMO_NAMESPACE))
+        victim_handle = ray.get_actor(victim, namespace=DEMO_NAMESPACE)
+        ray.kill(victim_handle)
+        # ray.kill returns before the process is gone: until Ray reports it dead the dying host may
+        # still serve the next call under its old token, and step 5 would show no new owner.
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            while True:
+                ray.get(victim_handle.__ray_ready__.remote())
         say(f"4. Killed host actor {victim} on purpose (ray.kill), without any warning to it.")
-        # ray.kill returns before the process is gone, so the dying host may still serve this call
-        # (and commit it) before its reply is lost; the key makes the retry on the new owner get
-        # that reply instead of adding again (without one a call is at-least-once).
+        # The key makes a retry of this call (by the caller, after a lost reply) take effect once;
+        # without one a retried call is at-least-once.
         after_total = alice.call(Counter.add, n=1, idempotency_key="demo-after-kill")
         after = fleet.status("counter/alice")
         token_before = before.lease.fencing_token if before.lease else 0
