@@ -131,7 +131,7 @@ from ..identity._values import (
 )
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TimerFired, TimerRow, TimerSpec
-from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled
+from ..ledger._values import DEFAULT_LEASE_TTL, Activation, IdentityView, StepJournaled, holder_id
 from ..turns._timers import settlement
 from ._delivery import Delivery
 from ._events import EventHub, EventSubscription
@@ -363,15 +363,15 @@ class HostRuntime:
         self.name = name
         self.wake_interval = wake_interval
         self.stream_retention = stream_retention
+        """Seconds a finished turn's stream is kept in the ledger (see :meth:`sweep_streams`)."""
         self.abandoned_stream_age = max(stream_retention, ABANDONED_STREAM_AGE)
         """Seconds an unended, idle stream of a turn not in progress is kept (see :meth:`sweep_streams`)."""
         self._abandoned_after = 0.0
         """Where the next batch of the abandoned-stream sweep starts (a start time)."""
-        """Seconds a finished turn's stream is kept in the ledger (see :meth:`sweep_streams`)."""
         self._next_stream_sweep = 0.0
         self._wall_clock = wall_clock
         self._metrics = metrics
-        self.holder = f"{name}@{incarnation or format(random.getrandbits(32), '08x')}"
+        self.holder = holder_id(name, incarnation or format(random.getrandbits(32), "08x"))
         self._ledger = ledger
         self._snapshots = snapshots
         self._router = router
@@ -1351,9 +1351,4 @@ def _decode_extra(entry: HostedAgent, extra: bytes) -> None:
         entry.sequences.restore(saved.get("sequences", saved.get("fences", {})))
         for key, reply in saved.get("messages", ()):
             entry.recent_messages.insert(key, reply)
-
-
-def holder_host(holder: str) -> str:
-    """The host name part of a lease holder id (``rayfleet-host-0@1a2b`` → ``rayfleet-host-0``)."""
-    return holder.split("@", 1)[0]
 

@@ -8,7 +8,7 @@ travel as pickled ``bytes``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import NewType, TypeAlias
 
 from ..errors import RayfleetError
 from ..identity._values import (
@@ -21,6 +21,21 @@ from ._turn_rows import TurnEnd
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease lasts unless the fleet configures otherwise; hosts renew every TTL/3."""
+
+HolderId = NewType("HolderId", str)
+"""Who holds a lease: ``<host name>@<incarnation>`` (``rayfleet-host-0@1a2b3c4d``). The
+incarnation changes with every start of the host, so a restarted host never passes for
+the one before it; the name part says where to route the identity's messages."""
+
+
+def holder_id(host: str, incarnation: str) -> HolderId:
+    """The holder id of incarnation ``incarnation`` of host ``host`` (the one place it is minted)."""
+    return HolderId(f"{host}@{incarnation}")
+
+
+def holder_host(holder: str) -> str:
+    """The host name part of a lease holder id (``rayfleet-host-0@1a2b`` -> ``rayfleet-host-0``)."""
+    return holder.split("@", 1)[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

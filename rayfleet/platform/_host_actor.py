@@ -41,12 +41,13 @@ from ..host._events import EventSubscription
 from ..host._hosted import TurnResult
 from ..host._messages import DeadLetterReason, Envelope, EnvelopeWire
 from ..host._reports import DrainReport, HostStatistics
-from ..host._runtime import STREAM_RETENTION, HostDraining, HostRuntime, OwnedElsewhere, holder_host
+from ..host._runtime import STREAM_RETENTION, HostDraining, HostRuntime, OwnedElsewhere
 from ..identity._values import IdentityEvent
 from ..ledger._local import LocalLedgerClient
 from ..ledger._location import LedgerLocation
 from ..ledger._stall_watch import StallWatch
 from ..ledger._stopped_writers import process_key
+from ..ledger._values import holder_host
 from ..retry import RetryPolicy
 from ._batching import Answered, BatchServer
 from ._ledger_client import connect_ledger_from

@@ -31,9 +31,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ActorUnschedul
 
 from ..errors import DeadlineExceededError, FleetUnavailableError
 from ..host._messages import Envelope
-from ..host._runtime import holder_host
 from ..ledger._contract import LedgerClient
-from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView
+from ..ledger._values import DEFAULT_LEASE_TTL, HostInfo, LeaseView, holder_host
 from ..retry import RetryPolicy
 from ._batching import Batcher, EnvelopeRequest, submit
 from ._lease_probes import LeaseProbes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..errors import UnknownIdentityError
-from ..host._runtime import holder_host
 from ..identity._names import validate_identity
 from ..identity._values import (
     PERSISTED_BROKEN,
@@ -15,7 +14,7 @@ from ..identity._values import (
     lease_is_healthy,
 )
 from ..ledger._contract import LedgerClient
-from ..ledger._values import IdentityView
+from ..ledger._values import IdentityView, holder_host
 
 
 def identity_status(view: IdentityView) -> IdentityStatus:

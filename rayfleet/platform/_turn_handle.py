@@ -23,11 +23,10 @@ import ray
 
 from ..errors import DeadlineExceededError, UnknownTurnEventError
 from ..host._messages import Envelope
-from ..host._runtime import holder_host
 from ..host._streams import ENDS, RESET, EventKey, event_id, parse_event_id
 from ..ledger._contract import LedgerClient
 from ..ledger._turn_rows import TurnEventRow, TurnRecord
-from ..ledger._values import LeaseView
+from ..ledger._values import LeaseView, holder_host
 from ..turns._values import TurnEvent, TurnInfo, TurnStatus
 from ._routing import Courier, HostGone
 
