@@ -88,6 +88,7 @@ MAX_PATH_VALUE = 400
 
 Model = TypeVar("Model", bound=pydantic.BaseModel)
 Result = TypeVar("Result")
+Item = TypeVar("Item")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -406,14 +407,27 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
     gateway = _gateway(request)
     identity = _identity(request)
     await _off_loop(gateway.fleet.status, identity)  # an unknown identity is a JSON 404, not an empty stream
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-    await response.prepare(request)
-    await response.write(b": stream open\n\n")
     stream = typing.cast(AsyncGenerator[IdentityEvent, None], gateway.fleet.subscribe(identity))
-    closing: asyncio.Future[Any] = asyncio.ensure_future(gateway.closing.wait())
+    return await _serve_sse(request, stream, _sse_message)
+
+
+async def _serve_sse(request: web.Request, stream: AsyncGenerator[Item, None],
+                     encode: Callable[[Item], bytes]) -> web.StreamResponse:
+    """Answer ``request`` with Server-Sent Events: each item of ``stream``, as ``encode`` writes it.
+
+    Ends when the stream does, the client leaves or the gateway closes; ``stream`` is
+    closed in every case. A comment line every ``sse_heartbeat`` seconds keeps an idle
+    connection open through proxies, and finds a client that left. An error the
+    stream raises after the response opened ends the response (its status is sent).
+    """
+    gateway = _gateway(request)
     pending: asyncio.Future[Any] = asyncio.ensure_future(stream.__anext__())
+    closing: asyncio.Future[Any] = asyncio.ensure_future(gateway.closing.wait())
     try:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        await response.write(b": stream open\n\n")
         while True:
             done, _ = await asyncio.wait({pending, closing}, timeout=gateway.limits.sse_heartbeat,
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -423,17 +437,17 @@ async def agent_events(request: web.Request) -> web.StreamResponse:
                 await response.write(b": keep-alive\n\n")  # also finds a client that left
                 continue
             try:
-                event = pending.result()
+                item = pending.result()
             except StopAsyncIteration:
                 break
-            await response.write(_sse_message(event))
+            await response.write(encode(item))
             pending = asyncio.ensure_future(stream.__anext__())
     except (ConnectionResetError, ConnectionError):
-        pass  # the client went away; the subscription is closed below
+        pass  # the client went away; the stream is closed below
     finally:
         closing.cancel()
         pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, RayfleetError):
             await pending
         await stream.aclose()
     return response
@@ -524,36 +538,7 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     # ``after`` is checked here, before the stream opens: an id of another turn is a JSON 400.
     stream = await _off_loop(handle.aevents, after) if handle is not None else await _off_loop(
         gateway.fleet.aturn_events, identity, turn_id, after=after)
-    pending: asyncio.Future[Any] = asyncio.ensure_future(stream.__anext__())
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-    await response.prepare(request)
-    await response.write(b": stream open\n\n")
-    closing: asyncio.Future[Any] = asyncio.ensure_future(gateway.closing.wait())
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending, closing}, timeout=gateway.limits.sse_heartbeat,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if closing in done:
-                break
-            if pending not in done:
-                await response.write(b": keep-alive\n\n")
-                continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
-                break
-            await response.write(_turn_sse(event))
-            pending = asyncio.ensure_future(stream.__anext__())
-    except (ConnectionResetError, ConnectionError):
-        pass  # the client went away
-    finally:
-        closing.cancel()
-        pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, RayfleetError):
-            await pending
-        await typing.cast(AsyncGenerator[TurnEvent, None], stream).aclose()
-    return response
+    return await _serve_sse(request, typing.cast(AsyncGenerator[TurnEvent, None], stream), _turn_sse)
 
 
 def _turn_sse(event: TurnEvent) -> bytes:
