@@ -834,11 +834,17 @@ class Delivery:
         every_turn = durable or entry.spec.durability is Durability.EVERY_TURN
         streamed = streams.has(turn_id)
         closing = None
+        stopped = False
         if streamed and every_turn and (durable or entry.dirty):
             # The stream's end event goes in the same transaction, after the rest of the
             # stream: a committed turn always has its end in the ledger.
-            await streams.settle(turn_id)
-            closing = streams.closing(turn_id, _completed_data(value))
+            if await streams.settle(turn_id):
+                closing = streams.closing(turn_id, _completed_data(value))
+            else:
+                # The ledger did not take the stream in time: the turn commits (or fails to,
+                # as any commit while the ledger is down) without its end; the stream stops.
+                streams.stop(turn_id)
+                stopped = True
         if durable or closing is not None:
             entry.dirty = True
             entry.pending_turn_end = TurnEnd(turn_id=envelope.message_id, events=() if closing is None else (closing,))
@@ -868,7 +874,8 @@ class Delivery:
                 raise
             if durable:
                 self._forget_spilled(envelope.target, turn.spilled_files())
-        await streams.finish(turn_id, _completed_data(value) if streamed else None, written=closing)
+        if not stopped:
+            await streams.finish(turn_id, _completed_data(value) if streamed else None, written=closing)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
         return result
@@ -1037,9 +1044,13 @@ class Delivery:
         """
         kind = status.value.lower()
         closing = None
+        stopped = False
         if self.streams.has(turn_id):
-            await self.streams.settle(turn_id)
-            closing = self.streams.closing(turn_id, data, kind)
+            if await self.streams.settle(turn_id):
+                closing = self.streams.closing(turn_id, data, kind)
+            else:
+                self.streams.stop(turn_id)  # the ledger did not take the stream in time: ended without it
+                stopped = True
         try:
             await self._activations.fenced_write(entry, f"end turn ({kind})", lambda token: self._ledger.end_turn(
                 identity=entry.spec.identity, fencing_token=token,
@@ -1049,7 +1060,8 @@ class Delivery:
         except BaseException:
             self.streams.stop(turn_id)
             raise
-        await self.streams.finish(turn_id, data, kind=kind, written=closing)
+        if not stopped:
+            await self.streams.finish(turn_id, data, kind=kind, written=closing)
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:
         """Record ``envelope`` in the dead-letter log; never raises.

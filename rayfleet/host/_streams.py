@@ -28,10 +28,15 @@ One :class:`StreamHub` lives in each host runtime. What it guarantees:
   ``platform/_turn_handle.py``). A completed
   turn's end event is the exception: it is shown only once it is written (in the
   transaction that commits the turn's final State when there is one, else by the group
-  commit), after every earlier event of the turn, and the turn's reply waits for it.
-  So a reader that saw ``completed`` finds the whole stream in the ledger, and a
-  caller that has the reply can read it there. A failed or interrupted end is shown
-  at once, like any other event.
+  commit), after every earlier event of the turn, and the turn's outcome waits for it.
+  So a reader that saw the end finds the whole stream in the ledger, and a caller that
+  has the outcome can read it there. The same holds for ``failed`` and ``interrupted``.
+* **A ledger that stays down does not hold the outcome.** A turn's end waits at most
+  :data:`WRITE_PATIENCE` seconds for its stream's rows. Past that, the turn goes on
+  without its end event (a turn that commits State then commits without it, and fails
+  as any commit does if the ledger is down); its stream stops here without an end, as
+  a turn's cut off by a lost lease does, and its caller gets the outcome. The rows stay
+  queued in order and are written when the ledger is back, unless the host stops first.
 * **Bounded memory.** A stream keeps its last :data:`LIVE_EVENTS` events live (a watcher
   further behind reads the ledger first), and at most :data:`STREAMS_KEPT` ended or
   waiting streams are kept, oldest forgotten first.
@@ -45,7 +50,7 @@ import enum
 import json
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +84,9 @@ FLUSH_BATCH = 5000
 """The most events written in one ledger transaction."""
 FLUSH_RETRY = 0.2
 """Seconds before a failed write of events is tried again."""
+WRITE_PATIENCE = 5.0
+"""Seconds a turn's end waits for its stream to be written; past that (the ledger is down) the
+turn ends without its end event shown, as a turn cut off does, and the caller is not held."""
 ENDED_KEPT = 16_384
 """Ids of turns that ended here, remembered so a watcher of a plain (stream-less) turn learns it ended."""
 
@@ -201,11 +209,14 @@ class StreamHub:
         token_of: the current fencing token of an identity hosted here (``None`` if not hosted).
         wall_clock: ``time.time`` for the events' ``at``.
         metrics: counts events emitted (``rayfleet_turn_events``, ``emitted`` and ``delta``).
+        write_patience: seconds a turn's end waits for its stream's rows (see the module docstring).
     """
 
     def __init__(self, *, ledger: LedgerClient, token_of: Callable[[str], int | None],
-                 wall_clock: Callable[[], float], metrics: HostMetrics = NO_METRICS) -> None:
+                 wall_clock: Callable[[], float], metrics: HostMetrics = NO_METRICS,
+                 write_patience: float = WRITE_PATIENCE) -> None:
         self._ledger = ledger
+        self.write_patience = write_patience
         self._token_of = token_of
         self._wall_clock = wall_clock
         self._metrics = metrics
@@ -290,13 +301,35 @@ class StreamHub:
         """The turn stopped running here without ending (suspended, retried elsewhere, its lease lost)."""
         self._finish(turn_id, "")
 
-    async def settle(self, turn_id: str) -> None:
-        """Wait until the turn's stream has its ids and every event queued so far is written."""
+    async def settle(self, turn_id: str) -> bool:
+        """Wait until the turn's stream has its ids and every event queued so far is written; whether
+        that happened within :attr:`write_patience`. If not, what is queued is written later, and the
+        caller stops the stream (:meth:`stop`) instead of ending it. Never raises.
+        """
         stream = self._streams.get(turn_id)
         if stream is None or not stream.active:
-            return
+            return True
+        if await self._within_patience(self._settled(stream)):
+            return True
+        log.warning("the stream of turn %s of %s could not be written within %g s (the ledger is down?); the turn "
+                    "ends without its end event", turn_id, stream.identity, self.write_patience)
+        return False
+
+    async def _settled(self, stream: _Stream) -> None:
         await stream.readied.wait()
         await self.flush()
+
+    async def _within_patience(self, work: Coroutine[Any, Any, Any]) -> bool:
+        """Whether ``work`` finished within :attr:`write_patience`; past that it goes on in the background
+        (a flush holds its batch until the ledger takes it, and must not be cut off in the middle)."""
+        task = asyncio.ensure_future(work)
+        done, _ = await asyncio.wait({task}, timeout=self.write_patience)
+        if done:
+            task.result()
+            return True
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return False
 
     def closing(self, turn_id: str, data: Any, kind: str = "completed") -> TurnEventRow | None:
         """The end event (``completed``, ``failed`` or ``interrupted``) of a running turn with a
@@ -326,11 +359,17 @@ class StreamHub:
             return  # ended already (a journaled turn's end was written with the turn's end)
         row = written
         if row is None and stream is not None and stream.active:
-            await self.settle(turn_id)
+            if not await self.settle(turn_id):
+                self.stop(turn_id)  # the ledger did not take the stream in time (see the module docstring)
+                return
             row = self.closing(turn_id, data, kind)
             if row is not None:
                 self._queue(row)
-                await self.flush()
+                if not await self._within_patience(self.flush()):
+                    log.warning("the end event of turn %s of %s could not be written within %g s; not shown (written "
+                                "once the ledger takes it)", turn_id, stream.identity, self.write_patience)
+                    self.stop(turn_id)
+                    return
         if row is not None and stream is not None and self._refused.get(row.identity, 0) < row.epoch:
             stream.append(StreamEvent(key=(row.epoch, row.seq, 0), turn_id=turn_id, kind=row.kind, data=row.data,
                                       at=row.at))

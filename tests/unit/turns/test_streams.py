@@ -489,3 +489,62 @@ async def test_a_resumed_turn_reads_its_stream_with_its_journal_not_apart(ledger
         assert client.last_event_reads == 0, method
     kinds = [kind for _, kind in persisted(ledger, envelope.message_id)]
     assert kinds == ["started", "status", "suspended", "resumed", "step", "completed"]
+
+
+class StreamWritesDown(LocalLedgerClient):
+    """A ledger client that cannot write stream events while ``down`` (as a ledger that stays
+    down would refuse them); everything else passes."""
+
+    down = True
+
+    def append_turn_events(self, *, events):  # type: ignore[no-untyped-def]
+        if self.down:
+            raise ConnectionError("the ledger is down")
+        return super().append_turn_events(events=events)
+
+
+@pytest.mark.parametrize(("method", "kwargs", "value"), [
+    ("many", {"count": 2}, 2),  # commits nothing: its end would go through the group commit
+    ("write", {"words": ["a"]}, "a"),  # commits State: its end would go with the commit
+    ("stepped", {}, 5),  # journaled: its end would go with the journal's end
+])
+async def test_a_stream_the_ledger_does_not_take_in_time_does_not_hold_the_outcome(
+    ledger: Ledger, tmp_path: Path, method: str, kwargs: dict, value: object,
+) -> None:
+    client = StreamWritesDown(ledger)
+    runtime = HostRuntime(name="a", ledger=client, snapshots=SnapshotStore(str(tmp_path)), incarnation="a",
+                          wake_interval=0.05)
+    async with runtime as a:
+        a.delivery.streams.write_patience = 0.3
+        envelope = rf.Envelope(target="w/1", method=method, kwargs=kwargs)
+        watching = asyncio.ensure_future(a.delivery.watch_turn("w/1", envelope.message_id, None, 5.0))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        assert (await asyncio.wait_for(a.delivery.deliver(envelope), 20)).value == value
+        assert persisted(ledger, envelope.message_id) == []  # nothing of the stream could be written
+        events, _, _ = await asyncio.wait_for(watching, 20)
+        assert "completed" not in [event[2] for event in events]  # an end the ledger does not hold is never shown
+        _, state, _ = await a.delivery.watch_turn("w/1", envelope.message_id, None, 0.05)
+        assert state == "unknown"  # stopped here, as a cut-off turn's: a reader reads the ledger
+        if method != "many":
+            continuity = ledger.resolve(["w/1"])["w/1"].continuity
+            assert continuity is not None and continuity.checkpoint_version == 1  # committed all the same
+        client.down = False  # the ledger is back: what was queued is written, in order
+        await until(lambda: len(persisted(ledger, envelope.message_id)) >= 2)
+        kinds = [kind for _, kind in persisted(ledger, envelope.message_id)]
+        assert kinds[0] == "started" and "completed" not in kinds  # the turn ended without its end event
+
+
+async def test_a_failed_turn_whose_stream_the_ledger_does_not_take_fails_at_once(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    runtime = HostRuntime(name="a", ledger=StreamWritesDown(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                          incarnation="a", wake_interval=0.05)
+    async with runtime as a:
+        a.delivery.streams.write_patience = 0.3
+        envelope = rf.Envelope(target="w/1", method="stepped_fails")
+        watching = asyncio.ensure_future(a.delivery.watch_turn("w/1", envelope.message_id, None, 5.0))
+        await until(lambda: envelope.message_id in a.delivery.streams._streams)
+        with pytest.raises(rf.HandlerError, match="no stock"):
+            await asyncio.wait_for(a.delivery.deliver(envelope), 20)
+        await asyncio.wait_for(watching, 20)
+    assert ledger.turn(identity="w/1", turn_id=envelope.message_id).status == "FAILED"  # ended all the same
