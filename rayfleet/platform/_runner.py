@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -42,7 +43,7 @@ from ..retry import RetryPolicy
 from ..workflow import JournalState, StartedRun
 from ..workflow._definition import RunStatus, Workflow, WorkflowOutcome
 from ..workflow._engine import JournalWith, StepReply, WorkflowEngine
-from ..workflow._waits import WorkflowWaiter
+from ..workflow._waits import WorkflowWaiter, waiter_runs
 from ._ledger_client import connect_ledger_from
 from ._metrics import RayRunMetrics
 from ._replies import turn_reply_from_wire
@@ -56,6 +57,10 @@ WAITER_DELETE_TIMEOUT = 10.0
 """Seconds an ended run's engine waits for its waiters to be deleted (together) before leaving them;
 the run's outcome is recorded already, and ``fleet.run`` returns it after this at most."""
 UNFINISHED = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.PAUSED.value)
+WAITER_LABELS = {"rayfleet": "workflow-waiter"}
+"""The labels of every waiter (see :func:`waiter_record`)."""
+WAITER_SWEEP_INTERVAL = 600.0
+"""Seconds between the runner's sweeps for waiters their run's end left behind (the first at its start)."""
 
 
 # -- the engine's collaborators over Ray ----------------------------------------------
@@ -89,18 +94,56 @@ class RayDispatcher:
         await self._ledger.register(waiter_record(identity))
 
     async def retire_waiter(self, identity: str) -> None:
-        """Delete the waiter through its owner (as ``fleet.delete``): a suspended wait of it ends with it."""
-        try:
-            await self._courier.route_async(identity, lambda host: host.delete.remote(identity), method="delete",
-                                            timeout=WAITER_DELETE_TIMEOUT)
-        except UnknownIdentityError:
-            return  # its step never ran
-        self._courier.directory.forget(identity)
+        await retire_waiter(self._courier, identity)
+
+
+async def retire_waiter(courier: Courier, identity: str) -> None:
+    """Delete a waiter through its owner (as ``fleet.delete``): a suspended wait of it ends with it.
+
+    Raises what routing raises: no owner within :data:`WAITER_DELETE_TIMEOUT`, the ledger down.
+    """
+    try:
+        await courier.route_async(identity, lambda host: host.delete.remote(identity), method="delete",
+                                  timeout=WAITER_DELETE_TIMEOUT)
+    except UnknownIdentityError:
+        return  # deleted already, or its step never ran
+    courier.directory.forget(identity)
 
 
 def waiter_record(identity: str) -> SpecRecord:
     """The spec of the platform agent named ``identity`` that runs a workflow's waiting step."""
-    return spec_record(AgentSpec(identity=identity, agent=WorkflowWaiter, labels={"rayfleet": "workflow-waiter"}))
+    return spec_record(AgentSpec(identity=identity, agent=WorkflowWaiter, labels=dict(WAITER_LABELS)))
+
+
+async def retire_leftover_waiters(ledger: LedgerClient, retire: Callable[[str], Awaitable[None]]) -> int:
+    """Delete (with ``retire``) the waiters of runs that have ended; returns how many.
+
+    A run's engine deletes its waiters at its end, but leaves one whose delete failed (its
+    owner unreachable for :data:`WAITER_DELETE_TIMEOUT`), and never had those of signals
+    sent with ``fleet.signal_run`` for names no step of the run waits for. A waiter is
+    deleted only when the run it is named after is in the ledger and has ended (under
+    every reading of its name); one of a run not started yet (a signal sent first) stays,
+    and so does one named by a digest (an odd run id or label), which ``fleet.delete``
+    removes. A delete that fails is logged and tried again at the next sweep.
+    """
+    statuses: dict[str, str | None] = {}
+    retired = 0
+    for identity in await ledger.select_identities(labels=dict(WAITER_LABELS)):
+        runs = waiter_runs(identity)
+        for run_id in runs:
+            if run_id not in statuses:
+                record = await ledger.run(run_id)
+                statuses[run_id] = None if record is None else record.status
+        known = [statuses[run_id] for run_id in runs if statuses[run_id] is not None]
+        if not known or any(status in UNFINISHED for status in known):
+            continue
+        try:
+            await retire(identity)
+        except Exception as error:  # noqa: BLE001 - the next sweep tries again
+            log.warning("the waiter %s of an ended run is left for the next sweep: %s", identity, error)
+            continue
+        retired += 1
+    return retired
 
 
 class LedgerJournal:
@@ -268,6 +311,7 @@ class RunnerActor:
         # Ray runs an async actor's __init__ with its event loop already running: start
         # resuming at once, so a restarted runner picks its runs up without being called.
         self._boot = asyncio.get_event_loop().create_task(self._resume_unfinished())
+        self._sweeper = asyncio.get_event_loop().create_task(self._sweep_waiters())
 
     async def _resume_unfinished(self) -> Courier:
         node = ray.get_runtime_context().get_node_id()
@@ -281,6 +325,18 @@ class RunnerActor:
 
     async def _ready(self) -> Courier:
         return await asyncio.shield(self._boot)
+
+    async def _sweep_waiters(self) -> None:
+        """Delete the waiters ended runs left behind: at start, then every :data:`WAITER_SWEEP_INTERVAL`."""
+        courier = await self._ready()
+        while True:
+            try:
+                retired = await retire_leftover_waiters(courier.ledger, functools.partial(retire_waiter, courier))
+                if retired:
+                    log.info("deleted %d waiter(s) of ended runs", retired)
+            except Exception as error:  # noqa: BLE001 - the next sweep tries again
+                log.warning("the sweep for waiters of ended runs failed: %s", error)
+            await asyncio.sleep(WAITER_SWEEP_INTERVAL)
 
     async def ping(self) -> int:
         await self._ready()

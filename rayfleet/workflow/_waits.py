@@ -116,6 +116,24 @@ def waiter_identity(run_id: str, wait: Wait, label: str) -> str:
         return f"workflow/{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
 
 
+def waiter_runs(identity: str) -> list[str]:
+    """The run ids that waiter ``identity`` can belong to, as :func:`waiter_identity` names it, shortest first.
+
+    One, unless a run id holds ``/signal/`` or ``/step/`` itself (then each reading);
+    none for a name that is not a waiter's, or a waiter named by its digest.
+    """
+    if not identity.startswith("workflow/"):
+        return []
+    rest = identity.removeprefix("workflow/")
+    runs = []
+    for separator in ("/signal/", "/step/"):
+        at = rest.find(separator, 1)
+        while at > 0:
+            runs.append(rest[:at])
+            at = rest.find(separator, at + 1)
+    return sorted(runs, key=len)
+
+
 def signal_waiter_identity(run_id: str, name: str) -> str:
     """The identity that a signal ``name`` for run ``run_id`` goes to (``fleet.signal_run``)."""
     return waiter_identity(run_id, Wait(kind="signal", name=name), "")

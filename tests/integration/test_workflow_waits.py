@@ -7,6 +7,7 @@ the step so the saga compensates.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -158,3 +159,21 @@ def test_bad_waiting_steps_are_refused_when_built() -> None:
     with pytest.raises(rf.InvalidSpecError, match="cannot have a compensation"):
         handle.compensate("undo")
     assert list(wf.steps) == ["s"]  # nothing half-added
+
+
+@pytest.mark.timeout(180)
+def test_the_runner_deletes_the_waiters_an_ended_run_left_behind(fleet: rf.Fleet) -> None:
+    wf = rf.Workflow("stray-signal")
+    wf.sleep("nap", 0.05)
+    run_id = "stray-signal-1"
+    fleet.signal_run(run_id, "refunded", True)  # no step of the run will wait for it
+    assert fleet.run(wf, run_id=run_id).status is rf.RunStatus.COMPLETED
+    # The run's end deleted the waiters of its waiting steps; this one waited for none of them.
+    assert waiters_of(fleet, run_id) == [f"workflow/{run_id}/signal/refunded"]
+    # The runner sweeps for such waiters when it starts (and every 10 minutes after).
+    with contextlib.suppress(ValueError):  # no runner yet: the submit below starts one
+        ray.kill(ray.get_actor("rayfleet-runner", namespace=fleet.config.namespace), no_restart=False)
+    other = rf.Workflow("wake-the-runner")
+    other.sleep("nap", 0.05)
+    assert fleet.runs.wait(fleet.submit(other), timeout=WAIT).status is rf.RunStatus.COMPLETED
+    until(lambda: not waiters_of(fleet, run_id), "the runner to delete the waiter left behind")
