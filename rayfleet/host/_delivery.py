@@ -1099,10 +1099,40 @@ class Delivery:
 
     def _replay_left(self, entry: HostedAgent) -> None:
         """Just activated: replay the messages the last owner left parked, unless a pause or a
-        suspended turn still holds them (its end, or the resume, replays them)."""
+        suspended turn still holds them (its end, or the resume, replays them).
+
+        Messages parked behind a durable turn its host was cut off running wait for that
+        turn: it holds the mailbox as a suspended turn does and is resumed here at once from
+        its journal (its caller may never send it again), and its end replays them.
+        """
         if entry.parked_left:
             entry.parked_left = False
-            if entry.suspended_turn is None and not entry.draining_parked:
+            if entry.suspended_turn is not None or entry.draining_parked:
+                return
+            if entry.recovered_turn is not None:
+                entry.suspended_turn = entry.recovered_turn
+                self._in_background(self._resume_cut_off(entry, entry.recovered_turn),
+                                    name=f"resume {entry.spec.identity} {entry.recovered_turn}")
+            else:
+                self._open_mailbox(entry)
+
+    async def _resume_cut_off(self, entry: HostedAgent, turn_id: str) -> None:
+        """Resume turn ``turn_id``, cut off running on its last owner, ahead of what parked behind it. Never raises.
+
+        Its end (or its failure in the handler) opens the mailbox, as a woken turn's does;
+        if it cannot run at all (its journal unreadable, its message refused before it
+        ran), the mailbox opens anyway: the messages behind it are not held for a turn
+        nobody resumes, which then runs when it is sent again, as before.
+        """
+        try:
+            record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
+            if record is None or record.status != TurnStatus.RUNNING.value:
+                raise LookupError(f"the turn is {record.status if record else 'gone'} in the ledger")
+            await self._admit(dataclasses.replace(cloudpickle.loads(record.envelope), wake=True))
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            log.info("turn %s of %s, cut off on its last owner, did not resume ahead of the messages parked behind "
+                     "it: %s", turn_id, entry.spec.identity, error)
+            if not entry.dropped and entry.suspended_turn == turn_id:
                 self._open_mailbox(entry)
 
     async def _park(self, entry: HostedAgent, envelope: Envelope) -> asyncio.Future[TurnResult]:

@@ -361,11 +361,12 @@ async def test_messages_behind_a_running_durable_turn_wait_in_the_ledger_and_run
                 ).value == ["draft", "first", "second", "third"]
 
 
-async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_at_the_next_owner(
+async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_after_it_at_the_next_owner(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
     async with host(ledger, tmp_path, "a") as a:
-        drafting = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="draft")))
+        draft = rf.Envelope(target="shop/1", method="draft")
+        drafting = asyncio.ensure_future(a.delivery.deliver(draft))
         noting = None
         try:
             await until(lambda: EFFECTS == ["outline"])
@@ -374,16 +375,55 @@ async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_at_t
             await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
             ledger.revoke_holder(a.holder)  # host a is gone, with both callers (the turn is never sent again)
             async with host(ledger, tmp_path, "b") as b:
-                # The next message activates the identity at b, which first runs what was parked.
-                later = await b.delivery.deliver(
-                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"}))
-                assert later.value == ["parked", "later"]
+                # The next message activates the identity at b, which resumes the cut-off turn
+                # first (from its journal), then runs what parked behind it, then this message.
+                later = asyncio.ensure_future(b.delivery.deliver(
+                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
+                await asyncio.sleep(0.3)
+                assert not later.done()  # behind the resumed turn, which waits to be let go
+                DRAFTING.set()
+                assert (await asyncio.wait_for(later, 20)).value == ["draft", "parked", "later"]
+                assert EFFECTS == ["outline"]  # the turn's step ran once: the resume replayed it
+                assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "COMPLETED"
                 assert ledger.parked("shop/1", limit=10) == []
         finally:
             DRAFTING.set()
         for call in (drafting, noting):
             with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
                 await asyncio.wait_for(call, 20)
+
+
+class TurnsUnreadable(LocalLedgerClient):
+    """A ledger client that cannot read a turn's journal (the ledger failing that one read)."""
+
+    def turn(self, *, identity, turn_id):  # type: ignore[no-untyped-def]
+        raise ConnectionError("the ledger is down")
+
+
+async def test_a_cut_off_turn_that_cannot_resume_does_not_hold_the_messages_parked_behind_it(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        draft = rf.Envelope(target="shop/1", method="draft")
+        drafting = asyncio.ensure_future(a.delivery.deliver(draft))
+        try:
+            await until(lambda: EFFECTS == ["outline"])
+            noting = asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
+            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
+            ledger.revoke_holder(a.holder)
+            b = HostRuntime(name="b", ledger=TurnsUnreadable(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                            incarnation="b", wake_interval=0.05)
+            async with b:
+                later = await asyncio.wait_for(b.delivery.deliver(
+                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})), 20)
+                assert later.value == ["parked", "later"]  # not held for a turn nobody could resume
+        finally:
+            DRAFTING.set()
+        for call in (drafting, noting):
+            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
+                await asyncio.wait_for(call, 20)
+    assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "RUNNING"  # runs when sent again
 
 
 async def test_a_message_never_parks_ahead_of_one_that_waits_in_memory_behind_a_plain_turn(
