@@ -1103,13 +1103,14 @@ class Delivery:
 
         Messages parked behind a durable turn its host was cut off running wait for that
         turn: it holds the mailbox as a suspended turn does and is resumed here at once from
-        its journal (its caller may never send it again), and its end replays them.
+        its journal (its caller may never send it again), and its end replays them. A paused
+        agent runs nothing until it is resumed; its cut-off turn then runs when sent again.
         """
         if entry.parked_left:
             entry.parked_left = False
             if entry.suspended_turn is not None or entry.draining_parked:
                 return
-            if entry.recovered_turn is not None:
+            if entry.recovered_turn is not None and not entry.paused:
                 entry.suspended_turn = entry.recovered_turn
                 self._in_background(self._resume_cut_off(entry, entry.recovered_turn),
                                     name=f"resume {entry.spec.identity} {entry.recovered_turn}")

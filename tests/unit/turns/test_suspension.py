@@ -426,6 +426,34 @@ async def test_a_cut_off_turn_that_cannot_resume_does_not_hold_the_messages_park
     assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "RUNNING"  # runs when sent again
 
 
+async def test_a_paused_agents_cut_off_turn_is_not_resumed_until_it_is_sent_again(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    async with host(ledger, tmp_path, "a") as a:
+        drafting = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="draft")))
+        try:
+            await until(lambda: EFFECTS == ["outline"])
+            noting = asyncio.ensure_future(a.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
+            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
+            # A pause that landed (as one sent while the turn ran would once it ended).
+            ledger.set_paused(identity="shop/1", fencing_token=a._entries["shop/1"].grant.fencing_token,
+                              paused=True)
+            ledger.revoke_holder(a.holder)
+            async with host(ledger, tmp_path, "b") as b:
+                later = asyncio.ensure_future(b.delivery.deliver(
+                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
+                await until(lambda: len(ledger.parked("shop/1", limit=10)) == 2)  # paused: nothing runs
+                await b.delivery.resume("shop/1")
+                # What parked runs in order; the cut-off turn (still held) runs when sent again.
+                assert (await asyncio.wait_for(later, 20)).value == ["parked", "later"]
+        finally:
+            DRAFTING.set()
+        for call in (drafting, noting):
+            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
+                await asyncio.wait_for(call, 20)
+
+
 async def test_a_message_never_parks_ahead_of_one_that_waits_in_memory_behind_a_plain_turn(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
