@@ -1060,7 +1060,11 @@ class ChaosRun:
             got = {event.id for event in seen}
             missing = [event.id for event in kept if event.id not in got]
             if missing:
-                self.violations.append(f"{where}: persisted events {missing} never reached the reader")
+                self.violations.append(
+                    f"{where}: persisted events {missing} never reached the reader (the ledger kept "
+                    f"{[(event.id, event.kind) for event in kept]}; the reader got "
+                    f"{[(event.id, event.kind, event.persisted) for event in read.events]}; {read.dropped} drops, "
+                    f"{read.reconnects} reconnects: {read.errors[-3:]})")
             kept_ids = {event.id for event in kept}
             for position, event in enumerate(read.events):
                 if event.persisted and event.id not in kept_ids and not any(
