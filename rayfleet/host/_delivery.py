@@ -834,17 +834,13 @@ class Delivery:
         every_turn = durable or entry.spec.durability is Durability.EVERY_TURN
         streamed = streams.has(turn_id)
         closing = None
-        stopped = False
+        settled = True
         if streamed and every_turn and (durable or entry.dirty):
             # The stream's end event goes in the same transaction, after the rest of the
-            # stream: a committed turn always has its end in the ledger.
-            if await streams.settle(turn_id):
-                closing = streams.closing(turn_id, _completed_data(value))
-            else:
-                # The ledger did not take the stream in time: the turn commits (or fails to,
-                # as any commit while the ledger is down) without its end; the stream stops.
-                streams.stop(turn_id)
-                stopped = True
+            # stream: a committed turn always has its end in the ledger. If the ledger did
+            # not take the stream in time, the turn commits (or fails to, as any commit while
+            # the ledger is down) without its end, and the stream stops.
+            closing, settled = await streams.settled_end(turn_id, _completed_data(value))
         if durable or closing is not None:
             entry.dirty = True
             entry.pending_turn_end = TurnEnd(turn_id=envelope.message_id, events=() if closing is None else (closing,))
@@ -874,7 +870,7 @@ class Delivery:
                 raise
             if durable:
                 self._forget_spilled(envelope.target, turn.spilled_files())
-        if not stopped:
+        if settled:
             await streams.finish(turn_id, _completed_data(value) if streamed else None, written=closing)
         result = TurnResult(value=value, usage=usage, checkpoint_version=entry.checkpoint_version, step=step)
         self._end_steering(entry, envelope.message_id, result=result)
@@ -1043,14 +1039,10 @@ class Delivery:
         then stops without an end.
         """
         kind = status.value.lower()
-        closing = None
-        stopped = False
+        closing, settled = None, True
         if self.streams.has(turn_id):
-            if await self.streams.settle(turn_id):
-                closing = self.streams.closing(turn_id, data, kind)
-            else:
-                self.streams.stop(turn_id)  # the ledger did not take the stream in time: ended without it
-                stopped = True
+            # Not taken by the ledger in time: the turn ends without its end event, its stream stopped.
+            closing, settled = await self.streams.settled_end(turn_id, data, kind)
         try:
             await self._activations.fenced_write(entry, f"end turn ({kind})", lambda token: self._ledger.end_turn(
                 identity=entry.spec.identity, fencing_token=token,
@@ -1060,7 +1052,7 @@ class Delivery:
         except BaseException:
             self.streams.stop(turn_id)
             raise
-        if not stopped:
+        if settled:
             await self.streams.finish(turn_id, data, kind=kind, written=closing)
 
     async def _dead_letter(self, envelope: Envelope, reason: DeadLetterReason, error: str, *, attempts: int) -> None:

@@ -307,13 +307,21 @@ class StreamHub:
         caller stops the stream (:meth:`stop`) instead of ending it. Never raises.
         """
         stream = self._streams.get(turn_id)
-        if stream is None or not stream.active:
-            return True
+        if stream is None or not stream.active or (stream.ready and not self._pending):
+            return True  # nothing to wait for: no task, no timer on a turn's way out
         if await self._within_patience(self._settled(stream)):
             return True
         log.warning("the stream of turn %s of %s could not be written within %g s (the ledger is down?); the turn "
                     "ends without its end event", turn_id, stream.identity, self.write_patience)
         return False
+
+    async def settled_end(self, turn_id: str, data: Any, kind: str = "completed") -> tuple[TurnEventRow | None, bool]:
+        """:meth:`settle`, then :meth:`closing`: ``(the end event or None, True)``; or ``(None, False)``
+        when the ledger did not take the stream in time, and the stream is stopped here instead."""
+        if not await self.settle(turn_id):
+            self.stop(turn_id)
+            return None, False
+        return self.closing(turn_id, data, kind), True
 
     async def _settled(self, stream: _Stream) -> None:
         await stream.readied.wait()
@@ -359,10 +367,9 @@ class StreamHub:
             return  # ended already (a journaled turn's end was written with the turn's end)
         row = written
         if row is None and stream is not None and stream.active:
-            if not await self.settle(turn_id):
-                self.stop(turn_id)  # the ledger did not take the stream in time (see the module docstring)
-                return
-            row = self.closing(turn_id, data, kind)
+            row, settled = await self.settled_end(turn_id, data, kind)
+            if not settled:
+                return  # stopped: the ledger did not take the stream in time (see the module docstring)
             if row is not None:
                 self._queue(row)
                 if not await self._within_patience(self.flush()):

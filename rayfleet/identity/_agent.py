@@ -217,7 +217,7 @@ class Agent:
 
         A message sent with ``mode="steer"`` while a turn of this agent runs joins that
         turn: the turn reads it here (a message with one argument reads as that argument's
-        value, e.g. the text of ``ref.call("chat", text="in French", mode="steer")``; one
+        value, e.g. the text of ``ref.call(Assistant.chat, text="in French", mode="steer")``; one
         with more as its keyword arguments), and its caller gets the turn's reply. A turn
         that never reads it leaves it to run after the turn, as a queued message. What a
         turn read is journaled, so its replays read the same.

@@ -36,8 +36,8 @@ def send(courier: Courier, envelope: Envelope, *, timeout: float | None = None) 
 class CallOptions:
     """How one message is sent: what ``call``, ``ask`` and ``tell`` accept beside the handler's arguments.
 
-    Pass them as keywords (``ref.call("add", 5, idempotency_key="k1")``) or as one value
-    (``ref.call("add", 5, options=rf.CallOptions(idempotency_key="k1"))``); their names are
+    Pass them as keywords (``ref.call(Counter.add, 5, idempotency_key="k1")``) or as one value
+    (``ref.call(Counter.add, 5, options=rf.CallOptions(idempotency_key="k1"))``); their names are
     therefore not available as handler keyword arguments (pass such an argument positionally).
     """
 

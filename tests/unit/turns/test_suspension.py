@@ -8,8 +8,10 @@ behind it, durably, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import cloudpickle
@@ -361,36 +363,44 @@ async def test_messages_behind_a_running_durable_turn_wait_in_the_ledger_and_run
                 ).value == ["draft", "first", "second", "third"]
 
 
+@contextlib.asynccontextmanager
+async def cut_off_with_one_parked(ledger: Ledger, a: HostRuntime) -> AsyncIterator[rf.Envelope]:
+    """Host ``a`` runs a durable turn (``draft``, past its journaled step) with a note parked
+    behind it; yields the turn's message. On the way out the turn is let go and both of
+    a's callers are found cut off (the test revokes a's leases)."""
+    draft = rf.Envelope(target="shop/1", method="draft")
+    drafting = asyncio.ensure_future(a.delivery.deliver(draft))
+    noting = None
+    try:
+        await until(lambda: EFFECTS == ["outline"])
+        noting = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
+        await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
+        yield draft
+    finally:
+        DRAFTING.set()
+    for call in (drafting, noting):
+        with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
+            await asyncio.wait_for(call, 20)
+
+
 async def test_messages_parked_behind_a_turn_cut_off_by_its_hosts_death_run_after_it_at_the_next_owner(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
-    async with host(ledger, tmp_path, "a") as a:
-        draft = rf.Envelope(target="shop/1", method="draft")
-        drafting = asyncio.ensure_future(a.delivery.deliver(draft))
-        noting = None
-        try:
-            await until(lambda: EFFECTS == ["outline"])
-            noting = asyncio.ensure_future(a.delivery.deliver(
-                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
-            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
-            ledger.revoke_holder(a.holder)  # host a is gone, with both callers (the turn is never sent again)
-            async with host(ledger, tmp_path, "b") as b:
-                # The next message activates the identity at b, which resumes the cut-off turn
-                # first (from its journal), then runs what parked behind it, then this message.
-                later = asyncio.ensure_future(b.delivery.deliver(
-                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
-                await asyncio.sleep(0.3)
-                assert not later.done()  # behind the resumed turn, which waits to be let go
-                DRAFTING.set()
-                assert (await asyncio.wait_for(later, 20)).value == ["draft", "parked", "later"]
-                assert EFFECTS == ["outline"]  # the turn's step ran once: the resume replayed it
-                assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "COMPLETED"
-                assert ledger.parked("shop/1", limit=10) == []
-        finally:
+    async with host(ledger, tmp_path, "a") as a, cut_off_with_one_parked(ledger, a) as draft:
+        ledger.revoke_holder(a.holder)  # host a is gone, with both callers (the turn is never sent again)
+        async with host(ledger, tmp_path, "b") as b:
+            # The next message activates the identity at b, which resumes the cut-off turn
+            # first (from its journal), then runs what parked behind it, then this message.
+            later = asyncio.ensure_future(b.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
+            await asyncio.sleep(0.3)
+            assert not later.done()  # behind the resumed turn, which waits to be let go
             DRAFTING.set()
-        for call in (drafting, noting):
-            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
-                await asyncio.wait_for(call, 20)
+            assert (await asyncio.wait_for(later, 20)).value == ["draft", "parked", "later"]
+            assert EFFECTS == ["outline"]  # the turn's step ran once: the resume replayed it
+            assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "COMPLETED"
+            assert ledger.parked("shop/1", limit=10) == []
 
 
 class TurnsUnreadable(LocalLedgerClient):
@@ -403,55 +413,32 @@ class TurnsUnreadable(LocalLedgerClient):
 async def test_a_cut_off_turn_that_cannot_resume_does_not_hold_the_messages_parked_behind_it(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
-    async with host(ledger, tmp_path, "a") as a:
-        draft = rf.Envelope(target="shop/1", method="draft")
-        drafting = asyncio.ensure_future(a.delivery.deliver(draft))
-        try:
-            await until(lambda: EFFECTS == ["outline"])
-            noting = asyncio.ensure_future(a.delivery.deliver(
-                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
-            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
-            ledger.revoke_holder(a.holder)
-            b = HostRuntime(name="b", ledger=TurnsUnreadable(ledger), snapshots=SnapshotStore(str(tmp_path)),
-                            incarnation="b", wake_interval=0.05)
-            async with b:
-                later = await asyncio.wait_for(b.delivery.deliver(
-                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})), 20)
-                assert later.value == ["parked", "later"]  # not held for a turn nobody could resume
-        finally:
-            DRAFTING.set()
-        for call in (drafting, noting):
-            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
-                await asyncio.wait_for(call, 20)
+    async with host(ledger, tmp_path, "a") as a, cut_off_with_one_parked(ledger, a) as draft:
+        ledger.revoke_holder(a.holder)
+        b = HostRuntime(name="b", ledger=TurnsUnreadable(ledger), snapshots=SnapshotStore(str(tmp_path)),
+                        incarnation="b", wake_interval=0.05)
+        async with b:
+            later = await asyncio.wait_for(b.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})), 20)
+            assert later.value == ["parked", "later"]  # not held for a turn nobody could resume
     assert ledger.turn(identity="shop/1", turn_id=draft.message_id).status == "RUNNING"  # runs when sent again
 
 
 async def test_a_paused_agents_cut_off_turn_is_not_resumed_until_it_is_sent_again(
     ledger: Ledger, tmp_path: Path,
 ) -> None:
-    async with host(ledger, tmp_path, "a") as a:
-        drafting = asyncio.ensure_future(a.delivery.deliver(rf.Envelope(target="shop/1", method="draft")))
-        try:
-            await until(lambda: EFFECTS == ["outline"])
-            noting = asyncio.ensure_future(a.delivery.deliver(
-                rf.Envelope(target="shop/1", method="note", kwargs={"text": "parked"})))
-            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
-            # A pause that landed (as one sent while the turn ran would once it ended).
-            ledger.set_paused(identity="shop/1", fencing_token=a._entries["shop/1"].grant.fencing_token,
-                              paused=True)
-            ledger.revoke_holder(a.holder)
-            async with host(ledger, tmp_path, "b") as b:
-                later = asyncio.ensure_future(b.delivery.deliver(
-                    rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
-                await until(lambda: len(ledger.parked("shop/1", limit=10)) == 2)  # paused: nothing runs
-                await b.delivery.resume("shop/1")
-                # What parked runs in order; the cut-off turn (still held) runs when sent again.
-                assert (await asyncio.wait_for(later, 20)).value == ["parked", "later"]
-        finally:
-            DRAFTING.set()
-        for call in (drafting, noting):
-            with pytest.raises((rf.LeaseLostError, asyncio.CancelledError)):
-                await asyncio.wait_for(call, 20)
+    async with host(ledger, tmp_path, "a") as a, cut_off_with_one_parked(ledger, a):
+        # A pause that landed (as one sent while the turn ran would once it ended).
+        ledger.set_paused(identity="shop/1", fencing_token=a._entries["shop/1"].grant.fencing_token,
+                          paused=True)
+        ledger.revoke_holder(a.holder)
+        async with host(ledger, tmp_path, "b") as b:
+            later = asyncio.ensure_future(b.delivery.deliver(
+                rf.Envelope(target="shop/1", method="note", kwargs={"text": "later"})))
+            await until(lambda: len(ledger.parked("shop/1", limit=10)) == 2)  # paused: nothing runs
+            await b.delivery.resume("shop/1")
+            # What parked runs in order; the cut-off turn (still held) runs when sent again.
+            assert (await asyncio.wait_for(later, 20)).value == ["parked", "later"]
 
 
 async def test_a_message_never_parks_ahead_of_one_that_waits_in_memory_behind_a_plain_turn(
