@@ -138,7 +138,7 @@ from ._events import EventHub, EventSubscription
 from ._grouping import CallGroup
 from ._hosted import HostDraining, HostedAgent, OwnedElsewhere
 from ._leases import LeaseKeeper
-from ._messages import DedupWindow, Envelope
+from ._messages import DedupWindow, Envelope, wake_envelope
 from ._ports import NO_METRICS, HostMetrics, Router
 from ._reports import DrainReport, HostStatistics
 
@@ -1193,7 +1193,7 @@ class HostRuntime:
         while (room := self._firing_room()) > 0:
             due = await self._ledger.claim_wakes(limit=room, claim_for=WAKE_CLAIM_SECONDS)
             for wake in due:
-                envelope = replace(cloudpickle.loads(wake.envelope), wake=True)
+                envelope = wake_envelope(wake)
                 self._start_firing(self._deliver_wake(envelope), name=f"{self.name}-wake-{wake.turn_id}")
             woken += len(due)
             if len(due) < room:

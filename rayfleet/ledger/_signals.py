@@ -18,7 +18,7 @@ import dataclasses
 
 from . import _turns
 from ._store import Transaction
-from ._turn_rows import TurnEntryState, TurnWake, TurnWrite
+from ._turn_rows import TurnEntry, TurnEntryKind, TurnEntryState, TurnWake, TurnWrite
 
 WAITING_PREFIX = "signal:"
 """A turn waiting for signal ``name`` records ``waiting_for = "signal:<name>"``."""
@@ -34,8 +34,8 @@ def send(
     """Record the signal (once per id) and hand it to the turn waiting for it, if one does; returns that turn.
 
     The waiting turn's entry is completed with the signal's value in this transaction
-    (the signal taken by it), so its replay returns the value without another write; a
-    signal nobody waits for is kept.
+    (the signal taken by it), so its replay returns the value without another write; the
+    wake carries that entry (``TurnWake.taken``). A signal nobody waits for is kept.
     """
     fresh = tx.execute(
         "INSERT INTO signals (identity, name, signal_id, value, sent_at) VALUES (?, ?, ?, ?, ?) "
@@ -44,6 +44,7 @@ def send(
     ).rowcount
     woken: list[TurnWake] = []
     for turn_id in _turns.waiting_for(tx, identity=identity, waiting_for=waiting_for(name)):
+        taken: TurnEntry | None = None
         if fresh and not woken:
             waiting = tx.execute(
                 "SELECT position FROM turn_steps WHERE identity = ? AND turn_id = ? AND kind = 'signal' AND name = ? "
@@ -53,11 +54,13 @@ def send(
                            "AND position = ?", (value, identity, turn_id, waiting[0]))
                 tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
                            (f"{turn_id}:{waiting[0]}", identity, name, signal_id))
+                taken = TurnEntry(position=int(waiting[0]), kind=TurnEntryKind.SIGNAL, name=name,
+                                  state=TurnEntryState.COMPLETED, value=value)
         if _turns.wake(tx, identity=identity, turn_id=turn_id, now=now):
             (envelope,) = tx.execute("SELECT envelope FROM turns WHERE identity = ? AND turn_id = ?",
                                      (identity, turn_id)).fetchall()
             woken.append(TurnWake(identity=identity, turn_id=turn_id, envelope=bytes(envelope[0]),
-                                  waiting_for=waiting_for(name), wake_at=now))
+                                  waiting_for=waiting_for(name), wake_at=now, taken=taken))
     return woken
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 
-import cloudpickle
-
+from ..host._messages import wake_envelope
 from ..ledger._turn_rows import TurnWake
 from ._routing import Courier, deliver_request
 
@@ -25,7 +23,7 @@ def deliver_wakes(courier: Courier, wakes: Iterable[TurnWake]) -> None:
     delivered by a host's wake sweep; a turn woken twice resumes once.
     """
     for wake in wakes:
-        envelope = dataclasses.replace(cloudpickle.loads(wake.envelope), wake=True)
+        envelope = wake_envelope(wake)
         try:
             courier.route_sync(wake.identity, deliver_request(envelope), method=envelope.method, timeout=WAKE_TIMEOUT)
         except Exception as error:  # noqa: BLE001 - see the docstring

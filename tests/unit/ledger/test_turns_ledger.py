@@ -197,12 +197,16 @@ def test_a_signal_wakes_the_turn_suspended_on_it_and_only_that_one(ledger):
     assert ledger.claim_wakes() == []  # no wake time: nothing due
     woken = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"42")
     assert [(w.turn_id, w.envelope, w.waiting_for) for w in woken] == [("t1", b"envelope", "signal:paid")]
-    assert [w.turn_id for w in ledger.claim_wakes()] == ["t1"]
+    # The wake carries the entry the signal completed, as the ledger now holds it.
+    assert woken[0].taken == TurnEntry(position=0, kind=TurnEntryKind.SIGNAL, name="paid",
+                                       state=TurnEntryState.COMPLETED, value=b"42")
+    assert [(w.turn_id, w.taken) for w in ledger.claim_wakes()] == [("t1", None)]  # a sweep's completed nothing
     # The signal was handed to the waiting entry in the sending transaction: its replay reads it there.
     (entry,) = ledger.turn(identity="a", turn_id="t1").entries
     assert (entry.state, entry.value) == (TurnEntryState.COMPLETED, b"42")
     assert ledger.pending_signals(identity="a") == []
-    ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"again")
+    (again,) = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"again")
+    assert again.taken is None  # woken again, but nothing completed by this one
     (entry,) = ledger.turn(identity="a", turn_id="t1").entries
     assert entry.value == b"42"  # the same signal id again changes nothing
     # The other turn still waits for its own signal.
