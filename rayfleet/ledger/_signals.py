@@ -71,19 +71,29 @@ def wait(
 
     ``turn`` carries exactly one entry, the wait. With a signal pending, the entry is
     written completed with the signal's value and the turn stays running; the value is
-    returned. Without, ``turn`` is written as given and ``None`` returned.
+    returned. Without, ``turn`` is written as given and ``None`` returned. An entry a
+    signal already completed (a turn that ran again, from a journal read before the
+    signal came) returns that signal's value: it is the wait's outcome, and suspending
+    again would leave the turn waiting for a signal it was given.
     """
     _turns.check_fence(tx, identity, fencing_token)
     (entry,) = turn.entries
+    # One read for both: the entry already completed by a signal (sent while the turn ran again
+    # from a journal read before it), which is this wait's outcome; else the oldest pending signal.
     row = tx.execute(
-        "SELECT signal_id, value FROM signals WHERE identity = ? AND name = ? AND taken_by IS NULL "
-        "ORDER BY sent_at, signal_id LIMIT 1", (identity, name)).fetchone()
+        "SELECT pending, signal_id, value FROM ("
+        "SELECT 0 AS pending, '' AS signal_id, value, 0.0 AS sent_at FROM turn_steps WHERE identity = ? "
+        "AND turn_id = ? AND position = ? AND state = 'completed' "
+        "UNION ALL SELECT 1, signal_id, value, sent_at FROM signals WHERE identity = ? AND name = ? "
+        "AND taken_by IS NULL) AS found ORDER BY pending, sent_at, signal_id LIMIT 1",
+        (identity, turn.turn_id, entry.position, identity, name)).fetchone()
     if row is None:
         _turns.write_checked(tx, identity=identity, turn=turn, now=now)
         return None
-    signal_id, value = row[0], bytes(row[1])
-    tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
-               (f"{turn.turn_id}:{entry.position}", identity, name, signal_id))
+    signal_id, value = row[1], bytes(row[2])
+    if row[0]:
+        tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
+                   (f"{turn.turn_id}:{entry.position}", identity, name, signal_id))
     taken = dataclasses.replace(entry, state=TurnEntryState.COMPLETED, value=value)
     _turns.write_checked(tx, identity=identity, now=now, turn=dataclasses.replace(
         turn, status="RUNNING", waiting_for="", wake_at=None, entries=(taken,)))

@@ -213,6 +213,25 @@ def test_a_signal_wakes_the_turn_suspended_on_it_and_only_that_one(ledger):
     assert ledger.turn(identity="a", turn_id="t2").entries[0].state == TurnEntryState.WAITING
 
 
+def test_a_wait_run_again_after_a_signal_took_its_entry_gets_that_signal(ledger):
+    # The turn suspended, then ran again for another reason (its timeout's wake, its caller's
+    # keyed retry) and read its journal before a signal completed the waiting entry. Its wait,
+    # run again, must get that signal: suspending again would leave the row waiting with no
+    # wake time (the signal's wake may be lost) and a timeout would see a signal it never gets.
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    assert ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid")) is None
+    (wake,) = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"42")
+    assert wake.taken is not None
+    assert ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid")) == b"42"
+    record = ledger.turn(identity="a", turn_id="t1")
+    assert record is not None and record.status == "RUNNING" and record.waiting_for == ""
+    assert [(e.state, e.value) for e in record.entries] == [(TurnEntryState.COMPLETED, b"42")]
+    # A later signal is kept for the next wait, not taken by this entry again.
+    ledger.send_signal(identity="a", name="paid", signal_id="s2", value=b"7")
+    assert [sid for _, sid, _ in ledger.pending_signals(identity="a")] == ["s2"]
+
+
 def test_a_stale_owner_cannot_take_a_signal_and_an_unknown_identity_gets_none(ledger, clock):
     from rayfleet.errors import UnknownIdentityError
     register(ledger)
