@@ -340,7 +340,8 @@ class LedgerClient(Protocol):
         ...
 
     def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> LedgerCall[bytes | None]:
-        """Take the oldest pending signal as the wait entry's outcome, or write the suspension (fenced)."""
+        """Take the oldest pending signal as the wait entry's outcome, or write ``turn`` (the suspension, or the
+        timeout) fenced; an entry a signal completed already returns that signal."""
         ...
 
     def pending_signals(self, *, identity: str) -> LedgerCall[list[tuple[str, str, float]]]:

@@ -770,8 +770,9 @@ class Ledger:
         """Take the oldest pending signal ``name`` as the outcome of ``turn``'s one entry (fenced), or suspend.
 
         With a signal pending, the entry is journaled completed with its value (returned)
-        and the signal is taken by this turn; without, ``turn`` (the suspension) is
-        written as given and ``None`` returned.
+        and the signal is taken by this turn; without, ``turn`` is written as given (the
+        suspension, or the entry completed by its timeout) and ``None`` returned. An entry
+        a signal completed already returns that signal's value.
         """
         return self._db.write(lambda tx: _signals.wait(
             tx, identity=identity, fencing_token=fencing_token, name=name, turn=turn, now=self._now(tx)))

@@ -419,18 +419,24 @@ class TurnContext:
                               value=pickle.dumps(deadline))
         deadline = pickle.loads(found.value) if found.value else None
         waiting_for = signal_wait(name)
-        taken = await self._port.wait_signal(name, self._turn_write(found, waiting_for=waiting_for,
-                                                                     wake_at=deadline))
+        if deadline is not None and self._wall_clock() >= deadline:
+            # Timed out, unless a signal is there: the timeout is journaled in the transaction
+            # that looks for one, so a signal cannot complete the entry after the handler was
+            # told the wait timed out (it is kept for the next wait instead).
+            timed_out = WaitTimeoutError(identity=self.identity, turn_id=self.turn_id, waiting_for=waiting_for,
+                                         timeout=timeout if timeout is not None else 0.0)
+            expired = dataclasses.replace(found, state=TurnEntryState.COMPLETED, value=self._encode_error(timed_out))
+            taken = await self._port.wait_signal(name, self._turn_write(expired))
+            if taken is None:
+                self._journaled(expired)
+                raise timed_out
+        else:
+            taken = await self._port.wait_signal(name, self._turn_write(found, waiting_for=waiting_for,
+                                                                         wake_at=deadline))
         if taken is not None:
             self._journaled(dataclasses.replace(found, state=TurnEntryState.COMPLETED, value=taken))
             return self._outcome(taken)
         self._journaled(found, status="SUSPENDED")
-        if deadline is not None and self._wall_clock() >= deadline:
-            timed_out = WaitTimeoutError(identity=self.identity, turn_id=self.turn_id, waiting_for=waiting_for,
-                                         timeout=timeout if timeout is not None else 0.0)
-            await self._write(dataclasses.replace(found, state=TurnEntryState.COMPLETED,
-                                                  value=self._encode_error(timed_out)))
-            raise timed_out
         raise TurnSuspended(waiting_for=waiting_for, wake_at=deadline)
 
     def _key(self, position: int) -> str:

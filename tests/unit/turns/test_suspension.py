@@ -26,7 +26,7 @@ from rayfleet.host._runtime import HostRuntime
 from rayfleet.ledger._contract import LedgerCall
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
-from rayfleet.ledger._turn_rows import TurnRecord
+from rayfleet.ledger._turn_rows import TurnRecord, TurnWrite
 from rayfleet.ledger._values import SpecRecord, StoredMessage
 from rayfleet.turns._context import encode_signal
 
@@ -327,6 +327,35 @@ async def test_a_durable_timeout_raises_wait_timeout_in_the_handler(ledger: Ledg
         assert signal(ledger, "payment", 5) == 0
         assert (await asyncio.wait_for(a.delivery.deliver(
             rf.Envelope(target="shop/1", method="pay")), 20)).value == "paid 5"
+
+
+class SignalAfterTheWait(LocalLedgerClient):
+    """Sends signal ``payment`` right after the turn's second wait was written: the signal that
+    races a timeout, as a sender's would that came in between."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.waits = 0
+
+    def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> LedgerCall[bytes | None]:
+        answer = super().wait_signal(identity=identity, fencing_token=fencing_token, name=name, turn=turn)
+        self.waits += 1
+        if self.waits == 2:
+            self.ledger.send_signal(identity=identity, name=name, signal_id="late", value=encode_signal(
+                identity, name, 11))
+        return answer
+
+
+async def test_a_signal_that_races_a_timeout_is_kept_for_the_next_wait(ledger: Ledger, tmp_path: Path) -> None:
+    client = SignalAfterTheWait(ledger)
+    async with HostRuntime(name="a", ledger=client, snapshots=SnapshotStore(str(tmp_path)), incarnation="a",
+                           wake_interval=0.05) as a:
+        envelope = rf.Envelope(target="shop/1", method="pay", kwargs={"timeout": 0.3})
+        assert (await asyncio.wait_for(a.delivery.deliver(envelope), 20)).value == "timed out"
+        # The handler was told the wait timed out: the signal is not this wait's, it waits for the next.
+        assert [sid for _, sid, _ in ledger.pending_signals(identity="shop/1")] == ["late"]
+        again = rf.Envelope(target="shop/1", method="pay", kwargs={"timeout": 5.0})
+        assert (await asyncio.wait_for(a.delivery.deliver(again), 20)).value == "paid 11"
 
 
 async def test_a_suspended_identity_can_be_deactivated_and_its_wake_activates_it(ledger: Ledger, tmp_path: Path) -> None:
