@@ -760,10 +760,11 @@ class Ledger:
             UnknownIdentityError: no identity has that name.
         """
         def run(tx: Transaction) -> list[TurnWake]:
-            if not _views.exists(tx, identity):
+            known = _views.lookup(tx, identity)
+            now = self._now(tx)  # on PostgreSQL, read in the round trip of the lookup
+            if known.fetchone() is None:
                 raise UnknownIdentityError(identity=identity)
-            return _signals.send(tx, identity=identity, name=name, signal_id=signal_id, value=value,
-                                 now=self._now(tx))
+            return _signals.send(tx, identity=identity, name=name, signal_id=signal_id, value=value, now=now)
         return self._db.write(run)
 
     def wait_signal(self, *, identity: str, fencing_token: int, name: str, turn: TurnWrite) -> bytes | None:

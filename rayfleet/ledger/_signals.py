@@ -37,30 +37,30 @@ def send(
     (the signal taken by it), so its replay returns the value without another write; the
     wake carries that entry (``TurnWake.taken``). A signal nobody waits for is kept.
     """
-    fresh = tx.execute(
+    inserted = tx.execute(
         "INSERT INTO signals (identity, name, signal_id, value, sent_at) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (identity, name, signal_id) DO NOTHING",
         (identity, name, signal_id, value, now),
-    ).rowcount
+    )
+    waiting = _turns.waiting_entries(tx, identity=identity, waiting_for=waiting_for(name),
+                                     kind=TurnEntryKind.SIGNAL.value, name=name)
+    fresh = inserted.rowcount  # on PostgreSQL, the insert and the read of the waiting turns in one round trip
     woken: list[TurnWake] = []
-    for turn_id in _turns.waiting_for(tx, identity=identity, waiting_for=waiting_for(name)):
+    given = False
+    for turn_id, envelope, position in waiting.fetchall():
         taken: TurnEntry | None = None
-        if fresh and not woken:
-            waiting = tx.execute(
-                "SELECT position FROM turn_steps WHERE identity = ? AND turn_id = ? AND kind = 'signal' AND name = ? "
-                "AND state = 'waiting' ORDER BY position LIMIT 1", (identity, turn_id, name)).fetchone()
-            if waiting is not None:
-                tx.execute("UPDATE turn_steps SET state = 'completed', value = ? WHERE identity = ? AND turn_id = ? "
-                           "AND position = ?", (value, identity, turn_id, waiting[0]))
-                tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
-                           (f"{turn_id}:{waiting[0]}", identity, name, signal_id))
-                taken = TurnEntry(position=int(waiting[0]), kind=TurnEntryKind.SIGNAL, name=name,
-                                  state=TurnEntryState.COMPLETED, value=value)
-        if _turns.wake(tx, identity=identity, turn_id=turn_id, now=now):
-            (envelope,) = tx.execute("SELECT envelope FROM turns WHERE identity = ? AND turn_id = ?",
-                                     (identity, turn_id)).fetchall()
-            woken.append(TurnWake(identity=identity, turn_id=turn_id, envelope=bytes(envelope[0]),
-                                  waiting_for=waiting_for(name), wake_at=now, taken=taken))
+        if fresh and not given and position is not None:
+            tx.execute("UPDATE turn_steps SET state = 'completed', value = ? WHERE identity = ? AND turn_id = ? "
+                       "AND position = ?", (value, identity, turn_id, position))
+            tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
+                       (f"{turn_id}:{position}", identity, name, signal_id))
+            taken = TurnEntry(position=int(position), kind=TurnEntryKind.SIGNAL, name=name,
+                              state=TurnEntryState.COMPLETED, value=value)
+            given = True
+        # Read as suspended in this transaction, so due now: the writes go with the commit.
+        _turns.make_due(tx, identity=identity, turn_id=turn_id, now=now)
+        woken.append(TurnWake(identity=identity, turn_id=turn_id, envelope=bytes(envelope),
+                              waiting_for=waiting_for(name), wake_at=now, taken=taken))
     return woken
 
 
@@ -76,17 +76,19 @@ def wait(
     signal came) returns that signal's value: it is the wait's outcome, and suspending
     again would leave the turn waiting for a signal it was given.
     """
-    _turns.check_fence(tx, identity, fencing_token)
     (entry,) = turn.entries
     # One read for both: the entry already completed by a signal (sent while the turn ran again
     # from a journal read before it), which is this wait's outcome; else the oldest pending signal.
-    row = tx.execute(
+    # Read after the fence check, which sends it with its own on PostgreSQL (one round trip).
+    found = tx.execute(
         "SELECT pending, signal_id, value FROM ("
         "SELECT 0 AS pending, '' AS signal_id, value, 0.0 AS sent_at FROM turn_steps WHERE identity = ? "
         "AND turn_id = ? AND position = ? AND state = 'completed' "
         "UNION ALL SELECT 1, signal_id, value, sent_at FROM signals WHERE identity = ? AND name = ? "
         "AND taken_by IS NULL) AS found ORDER BY pending, sent_at, signal_id LIMIT 1",
-        (identity, turn.turn_id, entry.position, identity, name)).fetchone()
+        (identity, turn.turn_id, entry.position, identity, name))
+    _turns.check_fence(tx, identity, fencing_token)
+    row = found.fetchone()
     if row is None:
         _turns.write_checked(tx, identity=identity, turn=turn, now=now)
         return None

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from . import _leases, _turn_events
-from ._store import Row, StoreClock, Transaction
+from ._store import Cursor, Row, StoreClock, Transaction
 from ._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState, TurnRecord, TurnWake, TurnWrite
 
 IN_PROGRESS = ("RUNNING", "SUSPENDED")
@@ -180,6 +180,23 @@ def waiting_for(tx: Transaction, *, identity: str, waiting_for: str) -> list[str
     return [row[0] for row in tx.execute(
         "SELECT turn_id FROM turns WHERE identity = ? AND status = 'SUSPENDED' AND waiting_for = ?",
         (identity, waiting_for))]
+
+
+def waiting_entries(tx: Transaction, *, identity: str, waiting_for: str, kind: str, name: str) -> Cursor:
+    """The suspended turns of ``identity`` waiting for ``waiting_for``, oldest first (an identity has few turns
+    in progress): rows of ``(turn id, envelope, position)``, the position of the turn's first waiting
+    journal entry of ``kind`` and ``name`` (``None`` if it has none). Read by the caller, when it needs it."""
+    return tx.execute(
+        "SELECT t.turn_id, t.envelope, (SELECT min(s.position) FROM turn_steps s WHERE s.identity = t.identity "
+        "AND s.turn_id = t.turn_id AND s.kind = ? AND s.name = ? AND s.state = 'waiting') FROM turns t "
+        "WHERE t.identity = ? AND t.status = 'SUSPENDED' AND t.waiting_for = ? ORDER BY t.started_at, t.turn_id",
+        (kind, name, identity, waiting_for))
+
+
+def make_due(tx: Transaction, *, identity: str, turn_id: str, now: float) -> None:
+    """Make a turn this transaction read as suspended due now (nothing read back: it goes with the commit)."""
+    tx.execute("UPDATE turns SET wake_at = ?, claimed_until = NULL WHERE identity = ? AND turn_id = ?",
+               (now, identity, turn_id))
 
 
 def purge(tx: Transaction, *, ended_before: float, limit: int) -> int:

@@ -13,12 +13,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..identity._values import ContinuityRecord, SnapshotPointer
-from ._store import Transaction, rows_in
+from ._store import Cursor, Transaction, rows_in
 from ._values import IdentityView, LeaseView
 
 
 def exists(tx: Transaction, identity: str) -> bool:
-    return tx.execute("SELECT 1 FROM identities WHERE identity = ?", (identity,)).fetchone() is not None
+    return lookup(tx, identity).fetchone() is not None
+
+
+def lookup(tx: Transaction, identity: str) -> Cursor:
+    """The query :func:`exists` answers (a row if the identity exists), for a caller that reads it later:
+    on PostgreSQL it travels with the statements sent up to that read, in one round trip."""
+    return tx.execute("SELECT 1 FROM identities WHERE identity = ?", (identity,))
 
 
 HOLDER_OF_LEASE = "LEFT JOIN holders h ON h.holder = l.holder"
