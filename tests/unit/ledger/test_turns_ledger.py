@@ -213,6 +213,21 @@ def test_a_signal_wakes_the_turn_suspended_on_it_and_only_that_one(ledger):
     assert ledger.turn(identity="a", turn_id="t2").entries[0].state == TurnEntryState.WAITING
 
 
+def test_a_signal_goes_to_the_oldest_turn_still_waiting_for_it(ledger, clock):
+    register(ledger)
+    token = grant(ledger, "h1").fencing_token
+    ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid", turn_id="t1"))
+    clock.advance(1)
+    ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid", turn_id="t2"))
+    woken = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"1")
+    assert [(w.turn_id, w.taken is not None) for w in woken] == [("t1", True), ("t2", False)]
+    # t1 has its signal but has not resumed yet (still listed as suspended): the next one is t2's.
+    woken = ledger.send_signal(identity="a", name="paid", signal_id="s2", value=b"2")
+    assert [(w.turn_id, w.taken is not None) for w in woken] == [("t1", False), ("t2", True)]
+    assert ledger.turn(identity="a", turn_id="t2").entries[0].value == b"2"
+    assert ledger.pending_signals(identity="a") == []
+
+
 def test_a_wait_run_again_after_a_signal_took_its_entry_gets_that_signal(ledger):
     # The turn suspended, then ran again for another reason (its timeout's wake, its caller's
     # keyed retry) and read its journal before a signal completed the waiting entry. Its wait,
