@@ -68,8 +68,8 @@ def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[ob
     Run as a transaction of its own (``Database.write_alone``) it does what :func:`commit`
     does for a batch of one that passes, in one round trip: the guarded update of
     :func:`_all_pass`, the key of :func:`_remember_keys` (numbered after the newest, the
-    window trimmed from there) and the step of
-    :func:`_runs.journal_with_checkpoint`, each only where the update moved the pointer.
+    window trimmed from there), the step of :func:`_runs.journal_with_checkpoint` and the
+    durable turn's end of :func:`_turns.end`, each only where the update moved the pointer.
     It answers one row for :func:`alone_outcome`. A commit that does not pass writes
     nothing; :func:`commit` then judges it.
     """
@@ -97,6 +97,10 @@ def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[ob
             "(SELECT seq FROM newest) + (SELECT count(*) FROM fresh) - ? RETURNING 1)",
         ]
         parameters += [key, reply, item.identity, key, item.identity, max(item.dedup_capacity, 1)]
+    if item.turn_end is not None:
+        ended, ended_parameters = _turns.end_alone(item.turn_end, now, "moved")
+        parts += ended
+        parameters += ended_parameters
     standing = "NULL, NULL, NULL, NULL"
     if item.step is not None:
         step = item.step
@@ -115,8 +119,9 @@ def alone(item: CheckpointCommit, now: float | StoreClock) -> tuple[str, list[ob
 
 
 def fits_alone(item: CheckpointCommit) -> bool:
-    """Whether :func:`alone` can commit ``item``: it carries at most one idempotency key and ends no turn."""
-    return len(item.dedup) <= 1 and item.turn_end is None
+    """Whether :func:`alone` can commit ``item``: it carries at most one idempotency key, and the turn it
+    ends (if any) has no stream events to write with its end."""
+    return len(item.dedup) <= 1 and (item.turn_end is None or not item.turn_end.events)
 
 
 def alone_outcome(item: CheckpointCommit, rows: list[Row]) -> tuple[bool, CommitOutcome]:

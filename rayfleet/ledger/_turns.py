@@ -113,6 +113,26 @@ def end(tx: Transaction, identity: str, ended: TurnEnd, now: float) -> None:
         _turn_events.append(tx, ended.events)
 
 
+def end_alone(ended: TurnEnd, now: float | StoreClock, moved: str) -> tuple[list[str], list[object]]:
+    """:func:`end` as parts of a ``WITH`` (a store whose ``WITH`` may write), for the identities of CTE ``moved``.
+
+    For an end without stream events (those :func:`end` appends with it). Returns the
+    parts and their parameters, in order.
+    """
+    if ended.events:
+        raise ValueError("a turn's end with stream events is written by end(), in a transaction")
+    stamp = now.sql if isinstance(now, StoreClock) else "?"
+    stamps: list[object] = [] if isinstance(now, StoreClock) else [now]
+    parts = [
+        f"turn_ended AS (UPDATE turns SET status = ?, error = ?, waiting_for = '', wake_at = NULL, "
+        f"claimed_until = NULL, updated_at = {stamp} WHERE identity IN (SELECT identity FROM {moved}) "
+        "AND turn_id = ? RETURNING 1)",
+        f"journal_dropped AS (DELETE FROM turn_steps WHERE identity IN (SELECT identity FROM {moved}) "
+        "AND turn_id = ? RETURNING 1)",
+    ]
+    return parts, [ended.status, ended.error, *stamps, ended.turn_id, ended.turn_id]
+
+
 def end_fenced(tx: Transaction, *, identity: str, fencing_token: int, ended: TurnEnd, now: float) -> None:
     _leases.check_fence(tx, identity, fencing_token)
     end(tx, identity, ended, now)

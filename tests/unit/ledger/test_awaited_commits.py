@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from rayfleet.ledger import RunRequests, StepEntry, StepJournaled, _postgres
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._postgres import PostgresDatabase
+from rayfleet.ledger._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState, TurnEventRow, TurnWrite
 from rayfleet.ledger._values import Activation, CheckpointCommit, CommitOutcome, SpecRecord
 
 
@@ -99,6 +101,37 @@ def test_an_awaited_commit_moves_the_pointer_remembers_its_key_and_journals_its_
         assert view.snapshot is not None and (view.snapshot.file, view.snapshot.version) == ("", 2)
         assert ledger.dedup_window("t/a") == [("k1-0", b"reply")]
         assert [(e.label, e.output, e.tokens) for e in ledger.journal("r").steps] == [("s1", b"out", 3)]
+    finally:
+        ledger.close()
+
+
+def test_an_awaited_commit_ends_its_durable_turn_and_one_refused_leaves_it_running(postgres_url: str) -> None:
+    now = [1_000.0]
+    ledger = Ledger(PostgresDatabase(postgres_url, pool_size=1), clock=lambda: now[0])
+    try:
+        token = granted(ledger)
+        for turn_id in ("t1", "t2"):
+            ledger.write_turn(identity="t/a", fencing_token=token, turn=TurnWrite(
+                turn_id=turn_id, method="go", envelope=b"e", entries=(TurnEntry(
+                    position=0, kind=TurnEntryKind.STEP, name="s", state=TurnEntryState.COMPLETED, value=b"v"),)))
+        ends = dataclasses.replace(checkpoint(token, 1), turn_end=TurnEnd(turn_id="t1"))
+        streamed = dataclasses.replace(checkpoint(token, 1), turn_end=TurnEnd(turn_id="t1", events=(TurnEventRow(
+            identity="t/a", turn_id="t1", epoch=1, seq=1, kind="completed", data="{}", at=1.0),)))
+        assert ledger.commit_alone([streamed]) is None  # its end event goes in the transaction
+        now[0] += 5
+
+        async def commits() -> list[object]:
+            ended = await awaited(ledger, [ends])
+            refused = await awaited(ledger, [dataclasses.replace(checkpoint(token, 1), turn_end=TurnEnd(
+                turn_id="t2", status="FAILED"))])  # version 1 again: not newer, nothing written
+            return [ended, refused]
+
+        ended, refused = asyncio.run(commits())
+        assert ended == [None] and refused is None
+        first = ledger.turn(identity="t/a", turn_id="t1")
+        assert first is not None and (first.status, first.entries, first.updated) == ("COMPLETED", (), 1_005.0)
+        second = ledger.turn(identity="t/a", turn_id="t2")
+        assert second is not None and second.status == "RUNNING" and len(second.entries) == 1
     finally:
         ledger.close()
 
