@@ -972,6 +972,22 @@ class ChaosRun:
         await asyncio.gather(*(read(identity) for identity in identities))
         return finals
 
+    @staticmethod
+    def _turns_in_progress(fleet: rf.Fleet, identity: str) -> str:
+        """What holds ``identity``'s mailbox, as the ledger has it: its turns in progress, its lease and
+        whether messages are parked (the detail of a final State that could not be read)."""
+        try:
+            ledger = fleet._ledger
+            turns = ledger.turns(identity=identity, statuses=("RUNNING", "SUSPENDED")).result()
+            lease = ledger.leases([identity]).result().get(identity)
+            parked = len(ledger.parked(identity, limit=100).result())
+        except Exception as error:  # a detail of a violation already reported
+            return f"{identity}: its turns could not be read ({type(error).__name__}: {error})"[:300]
+        shown = [f"{turn.turn_id[:8]} {turn.status} waiting_for={turn.waiting_for!r} wake_at={turn.wake_at} "
+                 f"updated={turn.updated:.1f} steps={turn.steps}" for turn in turns]
+        return (f"{identity} at {time.time():.1f}: lease {lease}; {parked} parked; turns in progress: "
+                f"{'; '.join(shown) or 'none'}")
+
     def _check_turns(self, fleet: rf.Fleet) -> None:
         """Durable turns: acknowledged ones completed exactly once (keyed) or at least once, each step's key
         stable across replays, both steps' effects present for every acknowledged turn; the reminder's ticks
@@ -996,6 +1012,7 @@ class ChaosRun:
             final = finals.get(identity)
             if final is None:
                 self.violations.append(f"{identity}: final State could not be read")
+                self.notes.append(self._turns_in_progress(fleet, identity))
                 continue
             completed.update(final["completed"])
         ops: dict[int, list[Event]] = defaultdict(list)
