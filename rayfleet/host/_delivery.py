@@ -88,7 +88,7 @@ from ..turns._approvals import TIMEOUT_DECIDER
 from ..turns._context import TurnContext, TurnSuspended
 from ..turns._current import CURRENT_TURN
 from ..turns._values import TurnStatus
-from ._hosted import HeldJournal, HostDraining, HostedAgent, OwnedElsewhere, TurnResult, held_journal
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult, held_journal
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
 from ._streams import RESET, SUSPENDED, UNREAD, StreamHub, TurnEvents, Unread, parse_event_id
@@ -801,9 +801,9 @@ class Delivery:
             # A turn with a journal: known before it runs, so a replay's steering reads come from it too.
             resumed = None if held is None else held.resumed(turn_id, entry.grant.fencing_token, envelope.woken_with)
             if resumed is not None and held is not None:
-                # Kept here under this token: the journal this host wrote (or just read), with what the wake applied.
-                turn.resume_from(resumed, status=held.status)
-                await streams.resume(envelope.target, turn_id, held.last_event)
+                # Suspended here under this token: the journal this host wrote, with what the wake applied.
+                turn.resume_from(resumed, status=TurnStatus.SUSPENDED.value)
+                await streams.resume(envelope.target, turn_id, UNREAD if held.streamed else None)
             else:
                 record = await turn.load()
                 # The stream's last event came with the journal: going on with it reads nothing more.
@@ -1133,10 +1133,6 @@ class Delivery:
             record = await self._ledger.turn(identity=entry.spec.identity, turn_id=turn_id)
             if record is None or record.status != TurnStatus.RUNNING.value:
                 raise LookupError(f"the turn is {record.status if record else 'gone'} in the ledger")
-            # Running, so no signal completes its entries: its run here goes on from this read.
-            entry.held_journal = HeldJournal(turn_id=turn_id, fencing_token=entry.grant.fencing_token,
-                                             entries=record.entries, status=record.status,
-                                             last_event=record.last_event)
             await self._admit(dataclasses.replace(cloudpickle.loads(record.envelope), wake=True))
         except Exception as error:  # noqa: BLE001 - see the docstring
             log.info("turn %s of %s, cut off on its last owner, did not resume ahead of the messages parked behind "

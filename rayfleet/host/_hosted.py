@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
-from ..ledger._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState, TurnEventRow
+from ..ledger._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState
 from ..ledger._values import StepEntry, StepJournaled
 from ._messages import RECENT_MESSAGES, ConversationSequences, DedupWindow
-from ._streams import UNREAD, Unread
 
 if TYPE_CHECKING:
     from ..turns._context import TurnContext
@@ -62,11 +61,10 @@ many bytes of entry values: a larger one is read again at the wake."""
 
 @dataclass(frozen=True, slots=True)
 class HeldJournal:
-    """A turn's journal as the host knows it without reading it: the one it wrote before the turn
-    suspended here, or the one it read just before resuming a turn cut off on its last owner.
+    """The journal of the turn suspended on this host, as the host wrote it.
 
-    Valid only under the fencing token it was kept with: no other owner wrote since.
-    While the turn is suspended, the one write to its journal that is not its owner's is a
+    Valid only under the fencing token it was written with: no other owner wrote since.
+    While the turn is suspended, the one write to its journal that is not the owner's is a
     signal completing the entry the turn waits on, and the wake of that signal carries the
     entry (``Envelope.woken_with``). So the journal is this, with that entry applied;
     a wake of a signal wait that does not carry it (a timeout, a wake sweep's) reads the
@@ -76,10 +74,8 @@ class HeldJournal:
     turn_id: str
     fencing_token: int
     entries: tuple[TurnEntry, ...]
-    status: str
-    """The status of the turn's row (``SUSPENDED``, or ``RUNNING`` for a cut-off turn)."""
-    last_event: TurnEventRow | Unread | None
-    """The turn's latest persisted stream event (``None``: it has no stream), or ``UNREAD``: read it."""
+    streamed: bool
+    """Whether the turn had a stream when it suspended (its resume then reads the stream's last event)."""
 
     def resumed(self, turn_id: str, fencing_token: int, woken_with: TurnEntry | None) -> tuple[TurnEntry, ...] | None:
         """The journal to resume ``turn_id`` from, or ``None`` when it must be read from the ledger."""
@@ -100,8 +96,7 @@ def held_journal(turn_id: str, fencing_token: int, entries: tuple[TurnEntry, ...
     """What to keep of a turn that just suspended: its journal, unless unknown or over ``HELD_JOURNAL_BYTES``."""
     if entries is None or sum(len(entry.value or b"") for entry in entries) > HELD_JOURNAL_BYTES:
         return None
-    return HeldJournal(turn_id=turn_id, fencing_token=fencing_token, entries=entries, status="SUSPENDED",
-                       last_event=UNREAD if streamed else None)
+    return HeldJournal(turn_id=turn_id, fencing_token=fencing_token, entries=entries, streamed=streamed)
 
 
 @dataclass(slots=True)
