@@ -721,7 +721,7 @@ class Delivery:
         entry.suspended_key = None
         entry.held_journal = None
         entry.parks_behind_running = False  # from now on a new message parks under the turn lock, behind these
-        if not entry.paused and entry.maybe_parked:
+        if not entry.paused:
             entry.draining_parked = True
             self._in_background(self._drain(entry), name=f"drain {entry.spec.identity}")
 
@@ -744,7 +744,6 @@ class Delivery:
                         await asyncio.wait(set(entry.parking))
                     batch = await self._ledger.parked(identity, limit=PARKED_REPLAY_BATCH)
                     if not batch:
-                        entry.maybe_parked = False  # under the lock, no park in flight: a new one sets it again
                         return
                     for stored in batch:
                         await self._replay(entry, stored.id, cloudpickle.loads(stored.envelope))
@@ -1147,7 +1146,6 @@ class Delivery:
         Raises:
             LeaseLostError: the park was refused; the entry is dropped and nothing is parked.
         """
-        entry.maybe_parked = True  # before the write: one whose outcome is unknown may have parked it
         waiter = self._parked_waiters.get(envelope.message_id)
         created = waiter is None
         if waiter is None:

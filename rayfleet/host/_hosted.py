@@ -144,10 +144,6 @@ class HostedAgent:
     parked_left: bool = False
     """Messages were parked when this host activated the identity (left by its last owner): the
     first message here replays them before it runs."""
-    maybe_parked: bool = True
-    """Whether the ledger may hold messages parked for this identity: set at activation from its
-    view, by every park here (before it is written), cleared by a replay that found none. A turn's
-    end replays parked messages only while it is set: with nothing parked, it reads nothing."""
     parks_behind_running: bool = False
     """Messages parked behind the running turn here: later ones park too, and its end replays them."""
     parking: set[asyncio.Future[Any]] = field(default_factory=set)

@@ -787,7 +787,7 @@ class HostRuntime:
                 spec=spec, agent=agent, record=view.continuity, grant=grant, installed_at=installed_at,
                 checkpoint_version=version, last_used=installed_at, last_commit=installed_at, paused=view.paused,
                 dedup=DedupWindow(spec.dedup_capacity), peers=view.wired_peers, suspended_turn=view.suspended_turn,
-                recovered_turn=view.running_turn, parked_left=view.parked, maybe_parked=view.parked,
+                recovered_turn=view.running_turn, parked_left=view.parked,
             )
             for key, reply in activation.dedup:
                 entry.dedup.insert(key, reply)

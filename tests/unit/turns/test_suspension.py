@@ -27,7 +27,7 @@ from rayfleet.ledger._contract import LedgerCall
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
 from rayfleet.ledger._turn_rows import TurnRecord, TurnWrite
-from rayfleet.ledger._values import SpecRecord, StoredMessage
+from rayfleet.ledger._values import SpecRecord
 from rayfleet.turns._context import encode_signal
 
 EFFECTS: list[str] = []
@@ -195,20 +195,15 @@ async def test_a_signal_resumes_the_waiting_turn_and_later_messages_wait_behind_
 
 
 class JournalReads(LocalLedgerClient):
-    """A direct ledger client that counts the turn journals its host reads back, and its reads of parked messages."""
+    """A direct ledger client that counts the turn journals its host reads back."""
 
     def __init__(self, ledger: Ledger) -> None:
         super().__init__(ledger)
         self.reads = 0
-        self.parked_reads = 0
 
     def turn(self, *, identity: str, turn_id: str) -> LedgerCall[TurnRecord | None]:
         self.reads += 1
         return super().turn(identity=identity, turn_id=turn_id)
-
-    def parked(self, identity: str, *, limit: int = 1000) -> LedgerCall[list[StoredMessage]]:
-        self.parked_reads += 1
-        return super().parked(identity, limit=limit)
 
 
 @contextlib.asynccontextmanager
@@ -264,30 +259,6 @@ async def test_a_kept_journal_is_not_used_under_another_token(ledger: Ledger, tm
         await a.delivery.deliver(wake_envelope(wake))
         assert (await asyncio.wait_for(paying, 20)).value == "paid 5"
         assert reads.reads == before + 1
-
-
-async def test_a_suspended_turn_ends_without_reading_the_mailbox_when_nothing_parked_behind_it(
-    ledger: Ledger, tmp_path: Path,
-) -> None:
-    async with counted_host(ledger, tmp_path, "a") as (a, reads):
-        paying = await suspended_pay(ledger, a)
-        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s1",
-                                     value=encode_signal("shop/1", "payment", 1))
-        before = reads.parked_reads
-        await a.delivery.deliver(wake_envelope(wake))
-        assert (await asyncio.wait_for(paying, 20)).value == "paid 1"
-        assert reads.parked_reads == before
-        # Once a message parked behind the next suspended turn, that turn's end replays it.
-        paying = await suspended_pay(ledger, a)
-        noting = asyncio.ensure_future(a.delivery.deliver(
-            rf.Envelope(target="shop/1", method="note", kwargs={"text": "behind"})))
-        await until(lambda: len(ledger.parked("shop/1", limit=10)) == 1)
-        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s2",
-                                     value=encode_signal("shop/1", "payment", 2))
-        await a.delivery.deliver(wake_envelope(wake))
-        assert (await asyncio.wait_for(paying, 20)).value == "paid 2"
-        assert (await asyncio.wait_for(noting, 20)).value == ["pay", "pay", "behind"]
-        assert reads.parked_reads > before
 
 
 async def test_a_sleep_resumes_on_its_host_without_reading_the_journal(ledger: Ledger, tmp_path: Path) -> None:
