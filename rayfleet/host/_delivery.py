@@ -317,10 +317,14 @@ class Delivery:
             InvalidArgumentsError, HandlerError, LeaseLostError, SnapshotError.
         """
         if envelope.wake is True:
-            # Answered at once: the turn may run for long after its wake, and its own
+            # Answered once taken: the turn may run for long after its wake, and its own
             # caller (not the waker) gets the reply. Checked first, as _admit checks any
-            # other message: a forged wake must be refused, not run in the background.
+            # other message: a forged wake must be refused, not run in the background. The
+            # owner is found (activating it here if none holds it) before the answer, so a
+            # wake that reached another host is redirected to the owner (OwnedElsewhere),
+            # not lost here in the background while its sender keeps a stale route.
             envelope.check()
+            await self._addressable_entry(envelope)
             self._in_background(self._wake(envelope), name=f"wake {envelope.target} {envelope.message_id}")
             return TurnResult(value=None, usage=Usage(), checkpoint_version=0, suspended=True)
         # Timed and counted once per message, here: the retries below go to _admit.

@@ -40,8 +40,10 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -398,6 +400,7 @@ class ChaosRun:
         self.saga_fleet = self.connect()
         self.parker_fleet = self.connect()
         self.turns_fleet = self.connect()
+        self._log_hosts(self.control)
 
     def teardown(self) -> None:
         for pid in list(self.frozen):
@@ -666,8 +669,27 @@ class ChaosRun:
                 getattr(self, f"_fault_{kind}")(fleet)
             except Exception as error:  # a fault that could not be injected is a note, not a crash
                 self.notes.append(f"{kind} not injected: {type(error).__name__}: {error}"[:200])
+            self._log_hosts(fleet)
             if self.stop.wait(self.profile.fault_gap):
                 return
+
+    def _log_hosts(self, fleet: rf.Fleet) -> None:
+        """Have every host write rayfleet's log (INFO and up) to ``host-log.txt`` beside the storage, once
+        per process: what a host did with a turn that a violation names is read from there."""
+        path = str(Path(self.storage).parent / "host-log.txt")
+
+        def attach(actor: Any) -> None:
+            logger = logging.getLogger("rayfleet")
+            if not any(getattr(handler, "chaos_log", False) for handler in logger.handlers):
+                handler = logging.FileHandler(path)
+                handler.chaos_log = True  # type: ignore[attr-defined]
+                handler.setFormatter(logging.Formatter(f"%(created).1f {os.getpid()} %(name)s %(message)s"))
+                logger.addHandler(handler)
+                logger.setLevel(logging.INFO)
+
+        for name in self._hosts_named(fleet):
+            with contextlib.suppress(Exception):
+                ray.get(ray.get_actor(name, namespace=self.namespace).__ray_call__.remote(attach), timeout=5)
 
     def _hosts_named(self, fleet: rf.Fleet) -> list[str]:
         return sorted(host.name for host in fleet.hosts())
@@ -972,8 +994,7 @@ class ChaosRun:
         await asyncio.gather(*(read(identity) for identity in identities))
         return finals
 
-    @staticmethod
-    def _turns_in_progress(fleet: rf.Fleet, identity: str) -> str:
+    def _turns_in_progress(self, fleet: rf.Fleet, identity: str) -> str:
         """What holds ``identity``'s mailbox, as the ledger has it: its turns in progress, its lease and
         whether messages are parked (the detail of a final State that could not be read)."""
         try:
@@ -986,7 +1007,17 @@ class ChaosRun:
         shown = [f"{turn.turn_id[:8]} {turn.status} waiting_for={turn.waiting_for!r} wake_at={turn.wake_at} "
                  f"updated={turn.updated:.1f} steps={turn.steps}" for turn in turns]
         return (f"{identity} at {time.time():.1f}: lease {lease}; {parked} parked; turns in progress: "
-                f"{'; '.join(shown) or 'none'}")
+                f"{'; '.join(shown) or 'none'}; on its holder: {_hosted_entry(self.namespace, lease, identity)}"
+                f"{self._host_log_of(identity)}")
+
+    def _host_log_of(self, identity: str, lines: int = 20) -> str:
+        """The hosts' last log lines naming ``identity`` (see ``_log_hosts``)."""
+        path = Path(self.storage).parent / "host-log.txt"
+        if not path.exists():
+            return ""
+        pattern = re.compile(re.escape(identity) + r"(?![\w/-])")
+        named = [line for line in path.read_text(errors="replace").splitlines() if pattern.search(line)]
+        return "".join(f"\n    {line[:400]}" for line in named[-lines:])
 
     def _check_turns(self, fleet: rf.Fleet) -> None:
         """Durable turns: acknowledged ones completed exactly once (keyed) or at least once, each step's key
@@ -1387,3 +1418,27 @@ def _retry(operation: Any, stop: threading.Event, *, patience: float) -> Any:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.25)
+
+
+def _hosted_entry(namespace: str, lease: Any, identity: str) -> str:
+    """What the lease holder keeps in memory for ``identity`` (read in its actor with Ray's
+    ``__ray_call__``): the detail of a mailbox a suspended turn still holds."""
+    if lease is None:
+        return "no lease"
+    name = lease.holder.split("@", 1)[0]
+
+    def read(actor: Any) -> str:
+        entry = actor.runtime._entries.get(identity)
+        if entry is None:
+            return "not hosted"
+        return (f"suspended_turn={entry.suspended_turn} recovered_turn={entry.recovered_turn} "
+                f"running_turn={entry.running_turn} dropped={entry.dropped} paused={entry.paused} "
+                f"draining_parked={entry.draining_parked} parks_behind_running={entry.parks_behind_running} "
+                f"parking={len(entry.parking)} lock_locked={entry.turn_lock.locked()} "
+                f"lock_waiters={entry.lock_waiters} token={entry.grant.fencing_token}")
+
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+        return str(ray.get(handle.__ray_call__.remote(read), timeout=10))
+    except Exception as error:  # a detail of a violation already reported
+        return f"{name} could not be read ({type(error).__name__}: {error})"[:300]

@@ -19,6 +19,8 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
+from rayfleet.host._hosted import OwnedElsewhere
+from rayfleet.host._messages import wake_envelope
 from rayfleet.host._runtime import HostRuntime
 from rayfleet.ledger._contract import LedgerCall
 from rayfleet.ledger._ledger import Ledger
@@ -264,6 +266,26 @@ async def test_a_suspended_identity_can_be_deactivated_and_its_wake_activates_it
         assert not again.done()
         assert signal(ledger, "payment", 3) == 1
         assert (await asyncio.wait_for(again, 20)).value == "paid 3"
+
+
+async def test_a_wake_that_reaches_a_host_not_owning_the_turn_is_redirected_not_answered_and_lost(
+    ledger: Ledger, tmp_path: Path,
+) -> None:
+    # A wake goes where the sender's route points (a host's sweep, a driver's signal). Answered
+    # at once by a host that does not own the identity, it was lost there in the background
+    # (its owner refused it there) and the sender kept the stale route: the turn stayed suspended.
+    async with host(ledger, tmp_path, "a", wake_interval=60.0) as a, \
+            host(ledger, tmp_path, "b", wake_interval=60.0) as b:
+        envelope = rf.Envelope(target="shop/1", method="pay")
+        call = asyncio.ensure_future(a.delivery.deliver(envelope))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s1",
+                                     value=encode_signal("shop/1", "payment", 3))
+        with pytest.raises(OwnedElsewhere):
+            await b.delivery.deliver(wake_envelope(wake))
+        assert not b.is_active("shop/1")
+        assert (await a.delivery.deliver(wake_envelope(wake))).suspended  # taken: it resumes in the background
+        assert (await asyncio.wait_for(call, 20)).value == "paid 3"
 
 
 async def test_bad_waits_are_refused_with_a_usage_error(ledger: Ledger, tmp_path: Path) -> None:
