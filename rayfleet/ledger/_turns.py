@@ -189,10 +189,7 @@ def claim_wakes(tx: Transaction, *, now: float, limit: int, claim_for: float) ->
 
 def wake(tx: Transaction, *, identity: str, turn_id: str, now: float) -> bool:
     """Make a suspended turn due now (a signal or a decision arrived); whether one was suspended."""
-    changed = tx.execute(
-        "UPDATE turns SET wake_at = ?, claimed_until = NULL WHERE identity = ? AND turn_id = ? "
-        "AND status = 'SUSPENDED'", (now, identity, turn_id)).rowcount
-    return bool(changed)
+    return bool(make_due(tx, identity=identity, turn_id=turn_id, now=now).rowcount)
 
 
 def waiting_for(tx: Transaction, *, identity: str, waiting_for: str) -> list[str]:
@@ -213,10 +210,11 @@ def waiting_entries(tx: Transaction, *, identity: str, waiting_for: str, kind: s
         (kind, name, identity, waiting_for))
 
 
-def make_due(tx: Transaction, *, identity: str, turn_id: str, now: float) -> None:
-    """Make a turn this transaction read as suspended due now (nothing read back: it goes with the commit)."""
-    tx.execute("UPDATE turns SET wake_at = ?, claimed_until = NULL WHERE identity = ? AND turn_id = ?",
-               (now, identity, turn_id))
+def make_due(tx: Transaction, *, identity: str, turn_id: str, now: float) -> Cursor:
+    """Make a suspended turn due now. Its result is not read here: a caller that read the turn as
+    suspended in this transaction leaves it unread, and on PostgreSQL it goes with the commit."""
+    return tx.execute("UPDATE turns SET wake_at = ?, claimed_until = NULL WHERE identity = ? AND turn_id = ? "
+                      "AND status = 'SUSPENDED'", (now, identity, turn_id))
 
 
 def purge(tx: Transaction, *, ended_before: float, limit: int) -> int:
