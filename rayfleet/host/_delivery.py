@@ -88,7 +88,7 @@ from ..turns._approvals import TIMEOUT_DECIDER
 from ..turns._context import TurnContext, TurnSuspended
 from ..turns._current import CURRENT_TURN
 from ..turns._values import TurnStatus
-from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult
+from ._hosted import HostDraining, HostedAgent, OwnedElsewhere, TurnResult, held_journal
 from ._messages import RECENT_REPLY_LIMIT, DeadLetterReason, Envelope
 from ._ports import NO_METRICS, HostMetrics, MessageOutcome
 from ._streams import RESET, SUSPENDED, UNREAD, StreamHub, TurnEvents, Unread, parse_event_id
@@ -723,6 +723,7 @@ class Delivery:
         """The turn that held the mailbox ended: replay what parked behind it, oldest first, then take new ones."""
         entry.suspended_turn = None
         entry.suspended_key = None
+        entry.held_journal = None
         entry.parks_behind_running = False  # from now on a new message parks under the turn lock, behind these
         if not entry.paused:
             entry.draining_parked = True
@@ -791,20 +792,30 @@ class Delivery:
         await self._activations.ensure_healthy_lease(entry)
         turn_id, streams = envelope.message_id, self.streams
         turn = TurnContext(identity=envelope.target, turn_id=turn_id, method=envelope.method,
-                           envelope=lambda: cloudpickle.dumps(dataclasses.replace(envelope, wake=False)),
+                           envelope=lambda: cloudpickle.dumps(dataclasses.replace(envelope, wake=False,
+                                                                                  woken_with=None)),
                            port=_HostJournal(self, entry), wall_clock=self._wall_clock,
                            stream=TurnEvents(streams, envelope.target, turn_id, entry.agent_class),
                            run_id=envelope.workflow_run())
         entry.running_context = turn
         streams.begin(envelope.target, turn_id, envelope.method, started=envelope.sent_at)
         if turn_id in (entry.suspended_turn, entry.recovered_turn):
-            # A turn with a journal: read it first, so a replay's steering reads come from it too.
-            record = await turn.load()
-            # The stream's last event came with the journal: going on with it reads nothing more.
-            await streams.resume(envelope.target, turn_id, UNREAD if record is None else record.last_event)
+            held, entry.held_journal = entry.held_journal, None
+            # A turn with a journal: known before it runs, so a replay's steering reads come from it too.
+            resumed = None if held is None else held.resumed(turn_id, entry.grant.fencing_token, envelope.woken_with)
+            if resumed is not None and held is not None:
+                # Suspended here under this token: the journal this host wrote, with what the wake applied.
+                turn.resume_from(resumed, status=TurnStatus.SUSPENDED.value)
+                await streams.resume(envelope.target, turn_id, UNREAD if held.streamed else None)
+            else:
+                record = await turn.load()
+                # The stream's last event came with the journal: going on with it reads nothing more.
+                await streams.resume(envelope.target, turn_id, UNREAD if record is None else record.last_event)
         try:
             value, usage = await self._run_with_retries(entry, envelope, info, bound, turn)
         except TurnSuspended as suspended:
+            entry.held_journal = held_journal(turn_id, entry.grant.fencing_token, turn.written(),
+                                              streamed=streams.has(turn_id))
             self._suspend(entry, envelope, suspended)
             streams.boundary(envelope.target, turn_id, SUSPENDED,
                              {"waiting_for": suspended.waiting_for, "wake_at": suspended.wake_at})

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..identity._agent import Agent, AgentSpec
 from ..identity._handlers import Usage
 from ..identity._values import ContinuityRecord, LeaseGrant
-from ..ledger._turn_rows import TurnEnd
+from ..ledger._turn_rows import TurnEnd, TurnEntry, TurnEntryKind, TurnEntryState
 from ..ledger._values import StepEntry, StepJournaled
 from ._messages import RECENT_MESSAGES, ConversationSequences, DedupWindow
 
@@ -52,6 +52,51 @@ class TurnResult:
     (``Envelope.journal``); ``None`` when nothing was journaled (see ``Delivery``)."""
     suspended: bool = False
     """The turn suspended (``value`` is ``None``): its journal holds the wait, and it resumes when woken."""
+
+
+HELD_JOURNAL_BYTES = 1 << 20
+"""A suspended turn's journal is kept in memory (to resume it without reading it back) only up to this
+many bytes of entry values: a larger one is read again at the wake."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldJournal:
+    """The journal of the turn suspended on this host, as the host wrote it.
+
+    Valid only under the fencing token it was written with: no other owner wrote since.
+    While the turn is suspended, the one write to its journal that is not the owner's is a
+    signal completing the entry the turn waits on, and the wake of that signal carries the
+    entry (``Envelope.woken_with``). So the journal is this, with that entry applied;
+    a wake of a signal wait that does not carry it (a timeout, a wake sweep's) reads the
+    journal back, as does every other host.
+    """
+
+    turn_id: str
+    fencing_token: int
+    entries: tuple[TurnEntry, ...]
+    streamed: bool
+    """Whether the turn had a stream when it suspended (its resume then reads the stream's last event)."""
+
+    def resumed(self, turn_id: str, fencing_token: int, woken_with: TurnEntry | None) -> tuple[TurnEntry, ...] | None:
+        """The journal to resume ``turn_id`` from, or ``None`` when it must be read from the ledger."""
+        if turn_id != self.turn_id or fencing_token != self.fencing_token:
+            return None
+        waiting = [entry for entry in self.entries if entry.state is TurnEntryState.WAITING]
+        if woken_with is None:
+            # Nothing was applied by the wake: right unless the ledger may hold a signal taken since.
+            return None if any(entry.kind is TurnEntryKind.SIGNAL for entry in waiting) else self.entries
+        if not any(entry.position == woken_with.position and entry.kind is woken_with.kind
+                   and entry.name == woken_with.name for entry in waiting):
+            return None
+        return tuple(woken_with if entry.position == woken_with.position else entry for entry in self.entries)
+
+
+def held_journal(turn_id: str, fencing_token: int, entries: tuple[TurnEntry, ...] | None, *,
+                 streamed: bool) -> HeldJournal | None:
+    """What to keep of a turn that just suspended: its journal, unless unknown or over ``HELD_JOURNAL_BYTES``."""
+    if entries is None or sum(len(entry.value or b"") for entry in entries) > HELD_JOURNAL_BYTES:
+        return None
+    return HeldJournal(turn_id=turn_id, fencing_token=fencing_token, entries=entries, streamed=streamed)
 
 
 @dataclass(slots=True)
@@ -110,6 +155,9 @@ class HostedAgent:
     running_context: TurnContext | None = None
     """The context of the exclusive turn whose handler runs now: whether it journaled (a durable
     turn) decides where later messages wait."""
+    held_journal: HeldJournal | None = None
+    """The journal of ``suspended_turn`` as this host wrote it, to resume it without a read (see
+    :class:`HeldJournal`); taken by the turn's next run here."""
     recovered_turn: str | None = None
     """A turn the previous owner left running (read at activation): its journal is read before it runs."""
     interrupts: dict[str, str] = field(default_factory=dict)

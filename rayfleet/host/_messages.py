@@ -24,7 +24,7 @@ import cloudpickle
 
 from ..errors import InvalidSpecError
 from ..identity._values import DEFAULT_DEDUP_CAPACITY
-from ..ledger._turn_rows import TurnWake
+from ..ledger._turn_rows import TurnEntry, TurnWake
 from ..ledger._values import StoredMessage
 
 DEDUP_SCOPE_SEPARATOR = "\x1f"
@@ -99,6 +99,9 @@ class Envelope:
     mode: str | None = None
     """What this message does when its agent has a turn in progress: ``queue``, ``steer``,
     ``interrupt`` or ``reject`` (``rf.HandlingMode`` values); ``None``: the spec's ``on_busy``."""
+    woken_with: TurnEntry | None = None
+    """A wake's only: the journal entry the wake completed in the ledger (a signal taken), which
+    the host that suspended the turn applies to the journal it holds instead of reading it back."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -164,7 +167,7 @@ class Envelope:
         """This envelope as it crosses a Ray call (see :data:`EnvelopeWire`)."""
         return (self.target, self.method, self.args, self.kwargs, self.sender, self.idempotency_key, self.deadline,
                 self.conversation, self.sequence, self.message_id, self.sent_at, self.chain, self.journal, self.wake,
-                self.mode)
+                self.mode, self.woken_with)
 
     @classmethod
     def from_wire(cls, wire: object) -> Envelope:
@@ -183,9 +186,10 @@ class Envelope:
 
 
 def wake_envelope(wake: TurnWake) -> Envelope:
-    """The message that takes a woken suspended turn to its owner: the turn's own, marked a wake."""
+    """The message that takes a woken suspended turn to its owner: the turn's own, marked a wake,
+    with the entry the wake completed (see :attr:`Envelope.woken_with`)."""
     envelope: Envelope = cloudpickle.loads(wake.envelope)
-    return dataclasses.replace(envelope, wake=True)
+    return dataclasses.replace(envelope, wake=True, woken_with=wake.taken)
 
 
 def workflow_sender(run_id: str) -> str:
@@ -244,6 +248,8 @@ def _envelope_problem(envelope: Envelope) -> str:
         return "a sequence needs a conversation: pass conversation= with sequence="
     if not isinstance(envelope.wake, bool):
         return f"wake must be True or False, got {envelope.wake!r}"
+    if envelope.woken_with is not None and (not envelope.wake or not isinstance(envelope.woken_with, TurnEntry)):
+        return f"woken_with must be None or, on a wake, a journal entry; got {envelope.woken_with!r}"
     if envelope.mode is not None and envelope.mode not in HANDLING_MODES:
         return f"mode must be one of {', '.join(HANDLING_MODES)} or None, got {envelope.mode!r}"
     return ""

@@ -18,7 +18,7 @@ import dataclasses
 
 from . import _turns
 from ._store import Transaction
-from ._turn_rows import TurnEntryKind, TurnEntryState, TurnWake, TurnWrite
+from ._turn_rows import TurnEntry, TurnEntryKind, TurnEntryState, TurnWake, TurnWrite
 
 WAITING_PREFIX = "signal:"
 """A turn waiting for signal ``name`` records ``waiting_for = "signal:<name>"``."""
@@ -34,8 +34,8 @@ def send(
     """Record the signal (once per id) and hand it to the turn waiting for it, if one does; returns that turn.
 
     The waiting turn's entry is completed with the signal's value in this transaction
-    (the signal taken by it), so its replay returns the value without another write; a
-    signal nobody waits for is kept.
+    (the signal taken by it), so its replay returns the value without another write; the
+    wake carries that entry (``TurnWake.taken``). A signal nobody waits for is kept.
     """
     inserted = tx.execute(
         "INSERT INTO signals (identity, name, signal_id, value, sent_at) VALUES (?, ?, ?, ?, ?) "
@@ -48,16 +48,19 @@ def send(
     woken: list[TurnWake] = []
     given = False
     for turn_id, envelope, position in waiting.fetchall():
+        taken: TurnEntry | None = None
         if fresh and not given and position is not None:
             tx.execute("UPDATE turn_steps SET state = 'completed', value = ? WHERE identity = ? AND turn_id = ? "
                        "AND position = ?", (value, identity, turn_id, position))
             tx.execute("UPDATE signals SET taken_by = ? WHERE identity = ? AND name = ? AND signal_id = ?",
                        (f"{turn_id}:{position}", identity, name, signal_id))
+            taken = TurnEntry(position=int(position), kind=TurnEntryKind.SIGNAL, name=name,
+                              state=TurnEntryState.COMPLETED, value=value)
             given = True
         # Read as suspended in this transaction, so due now: the writes go with the commit.
         _turns.make_due(tx, identity=identity, turn_id=turn_id, now=now)
         woken.append(TurnWake(identity=identity, turn_id=turn_id, envelope=bytes(envelope),
-                              waiting_for=waiting_for(name), wake_at=now))
+                              waiting_for=waiting_for(name), wake_at=now, taken=taken))
     return woken
 
 

@@ -130,6 +130,11 @@ class TurnWake:
     envelope: bytes
     waiting_for: str
     wake_at: float
+    taken: TurnEntry | None = None
+    """The waiting entry a signal completed in the transaction that made this wake, as the ledger
+    now holds it; ``None`` when this wake completed nothing (a timer, a decision, a signal sent
+    again). The host that suspended the turn resumes it from the journal it holds with this
+    entry applied, instead of reading the journal back."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import cloudpickle
@@ -212,6 +212,18 @@ class TurnContext:
         self._adopt(record)
         return record
 
+    def resume_from(self, entries: Sequence[TurnEntry], *, status: str) -> None:
+        """Go on from a journal known without reading it: ``entries`` must be what the ledger holds
+        of this turn now, and ``status`` its row's status (the host that suspended the turn kept them)."""
+        self._adopt_entries(entries, status)
+
+    def written(self) -> tuple[TurnEntry, ...] | None:
+        """The journal as this context wrote and read it, oldest first: after a suspension, what the
+        ledger holds of the turn. ``None`` while a steering read waits to be written with the next write."""
+        if self._journal is None or self._unwritten:
+            return None
+        return tuple(self._journal[position] for position in sorted(self._journal))
+
     async def _journal_entries(self) -> dict[int, TurnEntry]:
         if self._journal is None:
             self._adopt(await self._port.read(self.turn_id))
@@ -219,10 +231,16 @@ class TurnContext:
         return self._journal
 
     def _adopt(self, record: TurnRecord | None) -> None:
-        self._journal = {} if record is None else {entry.position: entry for entry in record.entries}
+        if record is None:
+            self._adopt_entries((), None)
+        else:
+            self._adopt_entries(record.entries, record.status)
+
+    def _adopt_entries(self, entries: Sequence[TurnEntry], status: str | None) -> None:
+        self._journal = {entry.position: entry for entry in entries}
         self._replay_until = max(self._journal, default=-1)
-        self.journaled = record is not None
-        self._row_status = None if record is None else record.status
+        self.journaled = status is not None
+        self._row_status = status
 
     def _turn_write(self, entry: TurnEntry, *, waiting_for: str = "", wake_at: float | None = None,
                     flush: bool = True) -> TurnWrite:

@@ -197,12 +197,16 @@ def test_a_signal_wakes_the_turn_suspended_on_it_and_only_that_one(ledger):
     assert ledger.claim_wakes() == []  # no wake time: nothing due
     woken = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"42")
     assert [(w.turn_id, w.envelope, w.waiting_for) for w in woken] == [("t1", b"envelope", "signal:paid")]
-    assert [w.turn_id for w in ledger.claim_wakes()] == ["t1"]
+    # The wake carries the entry the signal completed, as the ledger now holds it.
+    assert woken[0].taken == TurnEntry(position=0, kind=TurnEntryKind.SIGNAL, name="paid",
+                                       state=TurnEntryState.COMPLETED, value=b"42")
+    assert [(w.turn_id, w.taken) for w in ledger.claim_wakes()] == [("t1", None)]  # a sweep's completed nothing
     # The signal was handed to the waiting entry in the sending transaction: its replay reads it there.
     (entry,) = ledger.turn(identity="a", turn_id="t1").entries
     assert (entry.state, entry.value) == (TurnEntryState.COMPLETED, b"42")
     assert ledger.pending_signals(identity="a") == []
-    ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"again")
+    (again,) = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"again")
+    assert again.taken is None  # woken again, but nothing completed by this one
     (entry,) = ledger.turn(identity="a", turn_id="t1").entries
     assert entry.value == b"42"  # the same signal id again changes nothing
     # The other turn still waits for its own signal.
@@ -215,13 +219,11 @@ def test_a_signal_goes_to_the_oldest_turn_still_waiting_for_it(ledger, clock):
     ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid", turn_id="t1"))
     clock.advance(1)
     ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid", turn_id="t2"))
-    assert [w.turn_id for w in ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"1")] == [
-        "t1", "t2"]
-    assert ledger.turn(identity="a", turn_id="t1").entries[0].value == b"1"
-    assert ledger.turn(identity="a", turn_id="t2").entries[0].state == TurnEntryState.WAITING
+    woken = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"1")
+    assert [(w.turn_id, w.taken is not None) for w in woken] == [("t1", True), ("t2", False)]
     # t1 has its signal but has not resumed yet (still listed as suspended): the next one is t2's.
-    ledger.send_signal(identity="a", name="paid", signal_id="s2", value=b"2")
-    assert ledger.turn(identity="a", turn_id="t1").entries[0].value == b"1"
+    woken = ledger.send_signal(identity="a", name="paid", signal_id="s2", value=b"2")
+    assert [(w.turn_id, w.taken is not None) for w in woken] == [("t1", False), ("t2", True)]
     assert ledger.turn(identity="a", turn_id="t2").entries[0].value == b"2"
     assert ledger.pending_signals(identity="a") == []
 
@@ -234,7 +236,8 @@ def test_a_wait_run_again_after_a_signal_took_its_entry_gets_that_signal(ledger)
     register(ledger)
     token = grant(ledger, "h1").fencing_token
     assert ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid")) is None
-    assert [w.turn_id for w in ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"42")] == ["t1"]
+    (wake,) = ledger.send_signal(identity="a", name="paid", signal_id="s1", value=b"42")
+    assert wake.taken is not None
     assert ledger.wait_signal(identity="a", fencing_token=token, name="paid", turn=_suspension("paid")) == b"42"
     record = ledger.turn(identity="a", turn_id="t1")
     assert record is not None and record.status == "RUNNING" and record.waiting_for == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,13 +20,13 @@ import pytest
 
 import rayfleet as rf
 from rayfleet.checkpoints._store import SnapshotStore
-from rayfleet.host._hosted import OwnedElsewhere
+from rayfleet.host._hosted import OwnedElsewhere, TurnResult
 from rayfleet.host._messages import wake_envelope
 from rayfleet.host._runtime import HostRuntime
 from rayfleet.ledger._contract import LedgerCall
 from rayfleet.ledger._ledger import Ledger
 from rayfleet.ledger._local import LocalLedgerClient
-from rayfleet.ledger._turn_rows import TurnWrite
+from rayfleet.ledger._turn_rows import TurnRecord, TurnWrite
 from rayfleet.ledger._values import SpecRecord
 from rayfleet.turns._context import encode_signal
 
@@ -193,13 +194,90 @@ async def test_a_signal_resumes_the_waiting_turn_and_later_messages_wait_behind_
         assert ledger.parked("shop/1", limit=10) == []
 
 
+class JournalReads(LocalLedgerClient):
+    """A direct ledger client that counts the turn journals its host reads back."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.reads = 0
+
+    def turn(self, *, identity: str, turn_id: str) -> LedgerCall[TurnRecord | None]:
+        self.reads += 1
+        return super().turn(identity=identity, turn_id=turn_id)
+
+
+@contextlib.asynccontextmanager
+async def counted_host(ledger: Ledger, tmp_path: Path, name: str) -> AsyncIterator[tuple[HostRuntime, JournalReads]]:
+    """A host whose own wake sweep waits an hour: the test delivers each wake itself."""
+    client = JournalReads(ledger)
+    async with HostRuntime(name=name, ledger=client, snapshots=SnapshotStore(str(tmp_path)), incarnation=name,
+                           wake_interval=3600.0) as runtime:
+        yield runtime, client
+
+
+async def suspended_pay(ledger: Ledger, runtime: HostRuntime) -> asyncio.Future[TurnResult]:
+    paying = asyncio.ensure_future(runtime.delivery.deliver(rf.Envelope(target="shop/1", method="pay")))
+    await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+    return paying
+
+
+async def test_a_signal_wake_resumes_the_turn_from_the_journal_its_host_kept(ledger: Ledger, tmp_path: Path) -> None:
+    async with counted_host(ledger, tmp_path, "a") as (a, reads):
+        paying = await suspended_pay(ledger, a)
+        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s1",
+                                     value=encode_signal("shop/1", "payment", 42))
+        assert wake.taken is not None and wake.taken.state.value == "completed"
+        before = reads.reads
+        await a.delivery.deliver(wake_envelope(wake))
+        assert (await asyncio.wait_for(paying, 20)).value == "paid 42"
+        assert reads.reads == before  # the journal was not read back
+        assert ledger.turn(identity="shop/1", turn_id=wake.turn_id).status == "COMPLETED"
+
+
+async def test_a_wake_that_does_not_carry_the_signal_reads_the_journal(ledger: Ledger, tmp_path: Path) -> None:
+    async with counted_host(ledger, tmp_path, "a") as (a, reads):
+        paying = await suspended_pay(ledger, a)
+        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s1",
+                                     value=encode_signal("shop/1", "payment", 42))
+        before = reads.reads
+        # The wake sweep's wake (or one whose signal was taken in an earlier transaction)
+        # cannot say what the ledger holds: the signal's value is read from the journal.
+        await a.delivery.deliver(dataclasses.replace(wake_envelope(wake), woken_with=None))
+        assert (await asyncio.wait_for(paying, 20)).value == "paid 42"
+        assert reads.reads == before + 1
+
+
+async def test_a_kept_journal_is_not_used_under_another_token(ledger: Ledger, tmp_path: Path) -> None:
+    async with counted_host(ledger, tmp_path, "a") as (a, reads):
+        paying = await suspended_pay(ledger, a)
+        entry = a._entries["shop/1"]
+        assert entry.held_journal is not None
+        entry.held_journal = dataclasses.replace(entry.held_journal, fencing_token=entry.grant.fencing_token - 1)
+        (wake,) = ledger.send_signal(identity="shop/1", name="payment", signal_id="s1",
+                                     value=encode_signal("shop/1", "payment", 5))
+        before = reads.reads
+        await a.delivery.deliver(wake_envelope(wake))
+        assert (await asyncio.wait_for(paying, 20)).value == "paid 5"
+        assert reads.reads == before + 1
+
+
+async def test_a_sleep_resumes_on_its_host_without_reading_the_journal(ledger: Ledger, tmp_path: Path) -> None:
+    async with counted_host(ledger, tmp_path, "a") as (a, reads):
+        ordering = asyncio.ensure_future(a.delivery.deliver(
+            rf.Envelope(target="shop/1", method="order", kwargs={"nap": 0.3})))
+        await until(lambda: bool(ledger.turns(identity="shop/1", statuses=("SUSPENDED",))))
+        before = reads.reads
+        assert (await asyncio.wait_for(ordering, 20)).value == "shipped"  # woken by the host's own timer
+        assert reads.reads == before and EFFECTS == ["reserve", "ship"]
+
+
 def test_an_envelope_stored_before_a_field_was_added_loads_with_its_default() -> None:
-    sent = rf.Envelope(target="shop/1", method="pay")
+    sent = rf.Envelope(target="shop/1", method="pay", mode="queue")
     state = sent.__getstate__()
     stored = rf.Envelope.__new__(rf.Envelope)
-    stored.__setstate__(state[:-1])  # as a version before the handling modes pickled it, without mode
+    stored.__setstate__(state[:-1])  # as an earlier version pickled it, without woken_with
     stored.check()
-    assert stored == sent and stored.mode is None
+    assert stored == sent and stored.woken_with is None
 
 
 async def test_a_signal_sent_before_the_wait_is_kept_and_taken_at_once(ledger: Ledger, tmp_path: Path) -> None:
