@@ -54,7 +54,8 @@ def forge(**fields: Any) -> rf.Envelope:
     envelope = object.__new__(rf.Envelope)
     base = {"target": "vault/a", "method": "get", "args": (), "kwargs": {}, "sender": None, "idempotency_key": None,
             "deadline": None, "conversation": None, "sequence": None, "message_id": "m-1", "sent_at": time.time(),
-            "chain": (), "journal": None, "wake": False, "mode": None}
+            "chain": (), "journal": None, "wake": False, "mode": None, "woken_with": None}
+    assert set(base) == set(FIELDS), "forge() must set every field of Envelope"
     for name, value in {**base, **fields}.items():
         object.__setattr__(envelope, name, value)
     return envelope
@@ -81,8 +82,9 @@ def test_a_host_actor_refuses_garbage_with_typed_errors_and_keeps_serving(make_f
     @example(payload=forge(args="abc"))
     @example(payload=forge(method="add", kwargs={"n": "many"}))
     @example(payload=forge(method=None))
-    @example(payload=forge(method=None, wake=1))  # a wake is answered at once, but only once it is checked
+    @example(payload=forge(method=None, wake=1))  # a wake is answered once taken, and only once it is checked
     @example(payload=forge(method=None, wake=True))
+    @example(payload=forge(wake=True, woken_with="not a journal entry"))
     @example(payload=forge(deadline=math.nan))
     @example(payload=forge(sequence=-5, conversation="c"))
     @example(payload=forge(target="someone/else"))
