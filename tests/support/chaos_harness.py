@@ -52,10 +52,10 @@ import traceback
 import uuid
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pg_support
 import pydantic
@@ -63,6 +63,9 @@ import ray
 
 import rayfleet as rf
 from rayfleet.ledger import CheckpointCommit, SnapshotPointer
+from rayfleet.ledger._values import holder_host
+
+T = TypeVar("T")
 
 LEDGER_ACTOR = "rayfleet-ledger"
 _ENDED = "; ended while stopped (it held the SQLite ledger's write lock), restarted by Ray"
@@ -338,6 +341,8 @@ class ChaosRun:
     def __init__(self, profile: Profile, *, storage: Path, ledger: str | None = None, log: Any = print) -> None:
         self.profile = profile
         self.storage = storage
+        self.host_log = Path(storage).parent / "host-log.txt"
+        """Where every host writes rayfleet's log (see ``_log_hosts``)."""
         self.ledger_url = ledger
         self.ledger_kind = "postgresql" if ledger and ledger.startswith("postgresql") else "sqlite"
         self.namespace = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -676,7 +681,7 @@ class ChaosRun:
     def _log_hosts(self, fleet: rf.Fleet) -> None:
         """Have every host write rayfleet's log (INFO and up) to ``host-log.txt`` beside the storage, once
         per process: what a host did with a turn that a violation names is read from there."""
-        path = str(Path(self.storage).parent / "host-log.txt")
+        path = str(self.host_log)
 
         def attach(actor: Any) -> None:
             logger = logging.getLogger("rayfleet")
@@ -689,7 +694,7 @@ class ChaosRun:
 
         for name in self._hosts_named(fleet):
             with contextlib.suppress(Exception):
-                ray.get(ray.get_actor(name, namespace=self.namespace).__ray_call__.remote(attach), timeout=5)
+                self._in_actor(name, attach)
 
     def _hosts_named(self, fleet: rf.Fleet) -> list[str]:
         return sorted(host.name for host in fleet.hosts())
@@ -711,10 +716,14 @@ class ChaosRun:
                 time.sleep(0.2)
         self.notes.append(f"{name} did not come back within {patience:.0f} s")
 
-    def _pid(self, name: str) -> int:
-        """The process id of a named actor of this fleet (a public Ray call on the actor itself)."""
+    def _in_actor(self, name: str, read: Callable[[Any], T], timeout: float = 5.0) -> T:
+        """``read(actor)`` run inside the named actor of this fleet (Ray's public ``__ray_call__``)."""
         handle = ray.get_actor(name, namespace=self.namespace)
-        return int(ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()), timeout=5))
+        return ray.get(handle.__ray_call__.remote(read), timeout=timeout)
+
+    def _pid(self, name: str) -> int:
+        """The process id of a named actor of this fleet."""
+        return int(self._in_actor(name, lambda actor: os.getpid()))
 
     def _await_new_process(self, name: str, old_pid: int, patience: float = 60.0) -> bool:
         """Wait until Ray has restarted ``name`` in a new process (``ray.kill`` returns before it dies)."""
@@ -1007,16 +1016,37 @@ class ChaosRun:
         shown = [f"{turn.turn_id[:8]} {turn.status} waiting_for={turn.waiting_for!r} wake_at={turn.wake_at} "
                  f"updated={turn.updated:.1f} steps={turn.steps}" for turn in turns]
         return (f"{identity} at {time.time():.1f}: lease {lease}; {parked} parked; turns in progress: "
-                f"{'; '.join(shown) or 'none'}; on its holder: {_hosted_entry(self.namespace, lease, identity)}"
+                f"{'; '.join(shown) or 'none'}; on its holder: {self._hosted_entry(lease, identity)}"
                 f"{self._host_log_of(identity)}")
+
+    def _hosted_entry(self, lease: Any, identity: str) -> str:
+        """What the lease holder keeps in memory for ``identity`` (read in its actor with Ray's
+        ``__ray_call__``): the detail of a mailbox a suspended turn still holds."""
+        if lease is None:
+            return "no lease"
+        name = holder_host(lease.holder)
+
+        def read(actor: Any) -> str:
+            entry = actor.runtime._entries.get(identity)
+            if entry is None:
+                return "not hosted"
+            return (f"suspended_turn={entry.suspended_turn} recovered_turn={entry.recovered_turn} "
+                    f"running_turn={entry.running_turn} dropped={entry.dropped} paused={entry.paused} "
+                    f"draining_parked={entry.draining_parked} parks_behind_running={entry.parks_behind_running} "
+                    f"parking={len(entry.parking)} lock_locked={entry.turn_lock.locked()} "
+                    f"lock_waiters={entry.lock_waiters} token={entry.grant.fencing_token}")
+
+        try:
+            return self._in_actor(name, read, timeout=10)
+        except Exception as error:  # a detail of a violation already reported
+            return f"{name} could not be read ({type(error).__name__}: {error})"[:300]
 
     def _host_log_of(self, identity: str, lines: int = 20) -> str:
         """The hosts' last log lines naming ``identity`` (see ``_log_hosts``)."""
-        path = Path(self.storage).parent / "host-log.txt"
-        if not path.exists():
+        if not self.host_log.exists():
             return ""
         pattern = re.compile(re.escape(identity) + r"(?![\w/-])")
-        named = [line for line in path.read_text(errors="replace").splitlines() if pattern.search(line)]
+        named = [line for line in self.host_log.read_text(errors="replace").splitlines() if pattern.search(line)]
         return "".join(f"\n    {line[:400]}" for line in named[-lines:])
 
     def _check_turns(self, fleet: rf.Fleet) -> None:
@@ -1419,26 +1449,3 @@ def _retry(operation: Any, stop: threading.Event, *, patience: float) -> Any:
                 return None
             time.sleep(0.25)
 
-
-def _hosted_entry(namespace: str, lease: Any, identity: str) -> str:
-    """What the lease holder keeps in memory for ``identity`` (read in its actor with Ray's
-    ``__ray_call__``): the detail of a mailbox a suspended turn still holds."""
-    if lease is None:
-        return "no lease"
-    name = lease.holder.split("@", 1)[0]
-
-    def read(actor: Any) -> str:
-        entry = actor.runtime._entries.get(identity)
-        if entry is None:
-            return "not hosted"
-        return (f"suspended_turn={entry.suspended_turn} recovered_turn={entry.recovered_turn} "
-                f"running_turn={entry.running_turn} dropped={entry.dropped} paused={entry.paused} "
-                f"draining_parked={entry.draining_parked} parks_behind_running={entry.parks_behind_running} "
-                f"parking={len(entry.parking)} lock_locked={entry.turn_lock.locked()} "
-                f"lock_waiters={entry.lock_waiters} token={entry.grant.fencing_token}")
-
-    try:
-        handle = ray.get_actor(name, namespace=namespace)
-        return str(ray.get(handle.__ray_call__.remote(read), timeout=10))
-    except Exception as error:  # a detail of a violation already reported
-        return f"{name} could not be read ({type(error).__name__}: {error})"[:300]
