@@ -204,6 +204,12 @@ FIRING_LIMIT = 1000
 left, so a burst of due turns and timers is claimed as fast as this host delivers them, not
 all at once: a claim held past ``WAKE_CLAIM_SECONDS`` unworked would lapse and be delivered
 again by another host. When a host that hit the limit is down to half, it sweeps again at once."""
+TIMER_HOLDER_FIRST = 120.0
+"""Seconds past its due time a timer is left to the host holding its identity's lease: each host
+fires its own identities' timers, with no hop to the owner. Another host firing it would not add
+capacity (the owner runs the turn either way), so this is long: it is the backstop for a host
+that keeps its leases but whose sweep fails. A dead or frozen host's timers go to any host as
+soon as its leases lapse, and a dormant identity's at once."""
 SETTLE_BATCH = 500
 """Timer settlements per ledger transaction: firings that end while one is in flight share the next."""
 
@@ -1199,7 +1205,8 @@ class HostRuntime:
             if len(due) < room:
                 break
         while (room := self._firing_room()) > 0:
-            timers = await self._ledger.claim_timers(limit=room, claim_for=WAKE_CLAIM_SECONDS)
+            timers = await self._ledger.claim_timers(limit=room, claim_for=WAKE_CLAIM_SECONDS,
+                                                     holder=self.holder, holder_first=TIMER_HOLDER_FIRST)
             for timer in timers:
                 self._start_firing(self._fire_timer(timer), name=f"{self.name}-timer-{timer.identity}-{timer.name}")
             woken += len(timers)

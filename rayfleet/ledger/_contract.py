@@ -380,8 +380,9 @@ class LedgerClient(Protocol):
         """Remove a timer (fenced when a token is given); whether there was one."""
         ...
 
-    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
-        """Timers due now, claimed for ``claim_for`` seconds."""
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0, holder: str | None = None,
+                     holder_first: float = 0.0) -> LedgerCall[list[TimerRow]]:
+        """Timers due now, claimed for ``claim_for`` seconds; another holder's first for ``holder_first`` s."""
         ...
 
     def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:

@@ -267,8 +267,12 @@ class LocalOperations(LocalTransport):
     def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> LedgerCall[bool]:
         return self._run(self.ledger.forget_timer, identity=identity, name=name, fencing_token=fencing_token)
 
-    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
-        return self._run(self.ledger.claim_timers, limit=limit, claim_for=claim_for)
+    def claim_timers(
+        self, *, limit: int = 500, claim_for: float = 30.0, holder: str | None = None, holder_first: float = 0.0,
+    ) -> LedgerCall[list[TimerRow]]:
+        return self._run(
+            self.ledger.claim_timers, limit=limit, claim_for=claim_for, holder=holder, holder_first=holder_first,
+        )
 
     def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:
         return self._run(self.ledger.settle_timers, fired=fired)

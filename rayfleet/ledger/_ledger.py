@@ -833,9 +833,15 @@ class Ledger:
         return self._db.write(lambda tx: _timers.forget(tx, identity=identity, name=name,
                                                         fencing_token=fencing_token))
 
-    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> list[TimerRow]:
-        """Timers due now, soonest first, claimed for ``claim_for`` seconds (a claim is no lock: it lapses)."""
-        return self._db.write(lambda tx: _timers.claim(tx, now=self._now(tx), limit=limit, claim_for=claim_for))
+    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0, holder: str | None = None,
+                     holder_first: float = 0.0) -> list[TimerRow]:
+        """Timers due now, soonest first, claimed for ``claim_for`` seconds (a claim is no lock: it lapses).
+
+        With ``holder``, timers of identities another holder's live lease covers are left
+        to it for ``holder_first`` seconds past due (see :func:`_timers.claim`).
+        """
+        return self._db.write(lambda tx: _timers.claim(tx, now=self._now(tx), limit=limit, claim_for=claim_for,
+                                                       holder=holder, holder_first=holder_first))
 
     def settle_timers(self, *, fired: list[TimerFired]) -> list[bool]:
         """Move fired timers to their next times (one-offs are removed), in one transaction.

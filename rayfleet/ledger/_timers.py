@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import _turns
-from ._store import Row, Transaction
+from . import _turns, _views
+from ._store import IN_LIST, Row, Transaction
 from ._turn_rows import TimerFired, TimerRow, TimerSpec
 
 _COLUMNS = ("identity, name, method, payload, next_due, every, cron, tz, overlap, catch_up, created, last_fired, "
             "fired, missed, late, last_lateness")
+_OF_T = ", ".join(f"t.{column}" for column in _COLUMNS.split(", "))
+"""The columns of :data:`_COLUMNS` of the table named ``t``."""
 
 
 def set_timer(tx: Transaction, *, identity: str, fencing_token: int, timer: TimerSpec, now: float) -> None:
@@ -45,26 +47,74 @@ def forget(tx: Transaction, *, identity: str, name: str, fencing_token: int | No
     return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ?", (identity, name)).rowcount)
 
 
-def claim(tx: Transaction, *, now: float, limit: int, claim_for: float) -> list[TimerRow]:
-    """Timers due now that nobody holds (or whose claim lapsed), oldest due first, held for ``claim_for``."""
-    rows = tx.execute(
-        f"SELECT {_COLUMNS} FROM timers WHERE next_due <= ? AND (claimed_until IS NULL OR claimed_until <= ?) "
-        "ORDER BY next_due LIMIT ?", (now, now, limit)).fetchall()
-    if rows:
-        tx.executemany("UPDATE timers SET claimed_until = ? WHERE identity = ? AND name = ?",
-                       [(now + claim_for, row[0], row[1]) for row in rows])
+def claim(tx: Transaction, *, now: float, limit: int, claim_for: float, holder: str | None = None,
+          holder_first: float = 0.0) -> list[TimerRow]:
+    """Timers due now that nobody holds (or whose claim lapsed), oldest due first, held for ``claim_for``.
+
+    With ``holder`` (a host's holder id), a timer whose identity another holder's live
+    lease covers is left to that holder for ``holder_first`` seconds past its due time:
+    each host fires its own identities' timers, with no hop to the owner, and a timer
+    of a dormant identity, of a lapsed lease, or overdue past that allowance goes to
+    any host.
+
+    A few statements for a batch, not one per timer: the due batch is found through the
+    index on ``next_due``, then marked in one update. When nothing is due (the idle
+    sweep's case) that is one statement, the same with a million timers as with none:
+    the holder's filter, which costs a tenth of a millisecond more to plan on
+    PostgreSQL, is asked only once something is due. Two hosts claiming at once
+    conflict and one of them retries (every write is ``SERIALIZABLE``), so a timer is
+    never claimed twice at one time.
+    """
+    due = "t.next_due <= ? AND (t.claimed_until IS NULL OR t.claimed_until <= ?)"
+    rows = tx.execute(f"SELECT {_OF_T} FROM timers t WHERE {due} ORDER BY t.next_due LIMIT ?",
+                      (now, now, limit)).fetchall()
+    if rows and holder is not None:
+        rows = tx.execute(
+            f"SELECT {_OF_T} FROM timers t WHERE {due} AND NOT EXISTS (SELECT 1 FROM leases l "
+            f"{_views.HOLDER_OF_LEASE} WHERE l.identity = t.identity AND l.holder <> ? "
+            f"AND {_views.LEASE_EXPIRES} > ? AND t.next_due > ?) ORDER BY t.next_due LIMIT ?",
+            (now, now, holder, now, now - holder_first, limit)).fetchall()
+    for start in range(0, len(rows), IN_LIST):
+        chunk = rows[start:start + IN_LIST]
+        tx.execute(f"UPDATE timers SET claimed_until = ? WHERE (identity, name) IN "
+                   f"(VALUES {', '.join(['(?, ?)'] * len(chunk))})",
+                   [now + claim_for, *(value for row in chunk for value in row[:2])])
     return [_row(row) for row in rows]
 
 
 def settle(tx: Transaction, *, fired: Sequence[TimerFired], now: float) -> list[bool]:
-    """Move each fired timer to its next time (or remove a one-off); whether each was still at its fired time."""
-    return [_settle_one(tx, one, now) for one in fired]
+    """Move each fired timer to its next time (or remove a one-off); whether each was still at its fired time.
+
+    The one-offs (a burst of reminders is mostly these) are removed by one statement per
+    ``IN_LIST`` of them; a recurring timer's move is a statement of its own (its new
+    values differ from the others').
+    """
+    removed = _remove_spent(tx, [one for one in fired if one.next_due is None])
+    settled: list[bool] = []
+    for one in fired:
+        if one.next_due is None:
+            key = (one.identity, one.name, one.scheduled)
+            settled.append(key in removed)
+            removed.discard(key)  # a second settlement of the same firing removed nothing
+        else:
+            settled.append(_move(tx, one, now))
+    return settled
 
 
-def _settle_one(tx: Transaction, fired: TimerFired, now: float) -> bool:
-    if fired.next_due is None:
-        return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ? AND next_due = ?",
-                               (fired.identity, fired.name, fired.scheduled)).rowcount)
+def _remove_spent(tx: Transaction, spent: Sequence[TimerFired]) -> set[tuple[str, str, float]]:
+    """Remove the one-offs still at their fired times; the ``(identity, name, scheduled)`` of those removed."""
+    removed: set[tuple[str, str, float]] = set()
+    for start in range(0, len(spent), IN_LIST):
+        chunk = spent[start:start + IN_LIST]
+        rows = tx.execute(
+            "DELETE FROM timers WHERE (identity, name, next_due) IN "
+            f"(VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}) RETURNING identity, name, next_due",
+            [value for one in chunk for value in (one.identity, one.name, one.scheduled)]).fetchall()
+        removed.update((row[0], row[1], float(row[2])) for row in rows)
+    return removed
+
+
+def _move(tx: Transaction, fired: TimerFired, now: float) -> bool:
     return bool(tx.execute(
         "UPDATE timers SET next_due = ?, claimed_until = NULL, last_fired = ?, fired = fired + 1, "
         "missed = missed + ?, late = late + ?, last_lateness = ? WHERE identity = ? AND name = ? AND next_due = ?",

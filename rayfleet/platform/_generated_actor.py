@@ -291,8 +291,13 @@ class ActorOperations:
             self._refusal, self._ledger.forget_timer, identity=identity, name=name, fencing_token=fencing_token,
         )
 
-    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> Answer[list[TimerRow]]:
-        return answer(self._refusal, self._ledger.claim_timers, limit=limit, claim_for=claim_for)
+    def claim_timers(
+        self, *, limit: int = 500, claim_for: float = 30.0, holder: str | None = None, holder_first: float = 0.0,
+    ) -> Answer[list[TimerRow]]:
+        return answer(
+            self._refusal, self._ledger.claim_timers, limit=limit, claim_for=claim_for, holder=holder,
+            holder_first=holder_first,
+        )
 
     def settle_timers(self, *, fired: list[TimerFired]) -> Answer[list[bool]]:
         return answer(self._refusal, self._ledger.settle_timers, fired=fired)
@@ -643,8 +648,12 @@ class RayOperations(RayTransport):
     def forget_timer(self, *, identity: str, name: str, fencing_token: int | None = None) -> LedgerCall[bool]:
         return RayCall(self.actor.forget_timer.remote(identity=identity, name=name, fencing_token=fencing_token))
 
-    def claim_timers(self, *, limit: int = 500, claim_for: float = 30.0) -> LedgerCall[list[TimerRow]]:
-        return RayCall(self.actor.claim_timers.remote(limit=limit, claim_for=claim_for))
+    def claim_timers(
+        self, *, limit: int = 500, claim_for: float = 30.0, holder: str | None = None, holder_first: float = 0.0,
+    ) -> LedgerCall[list[TimerRow]]:
+        return RayCall(
+            self.actor.claim_timers.remote(limit=limit, claim_for=claim_for, holder=holder, holder_first=holder_first),
+        )
 
     def settle_timers(self, *, fired: list[TimerFired]) -> LedgerCall[list[bool]]:
         return RayCall(self.actor.settle_timers.remote(fired=fired))

@@ -402,6 +402,64 @@ def test_of_two_concurrent_decisions_exactly_one_is_applied_and_the_other_names_
         assert sorted(outcomes) == sorted([f"won: {winner}", f"refused: {winner}"]), (outcomes, loser)
 
 
+def test_a_burst_of_due_timers_is_claimed_in_due_order_and_its_one_offs_settled_in_batches(ledger, clock):
+    """Claims and settlements are set-based: more one-offs than one statement's list, with
+    a duplicate, a stale settlement and a recurring timer in the same batch."""
+    from rayfleet.ledger import TimerFired, TimerSpec
+    from rayfleet.ledger._store import IN_LIST
+    register(ledger)
+    token = grant(ledger, "h1", ttl=100.0).fencing_token
+    now = clock()
+    count = IN_LIST + 7
+    for index in range(count):
+        ledger.set_timer(identity="a", fencing_token=token, timer=TimerSpec(
+            name=f"r{index}", method="go", payload=b"p", next_due=now + 1 + (count - index) / 1000))
+    ledger.set_timer(identity="a", fencing_token=token, timer=TimerSpec(
+        name="every", method="go", payload=b"p", next_due=now + 1, every=10.0))
+    clock.advance(5)
+    first = ledger.claim_timers(limit=300)
+    rest = ledger.claim_timers(limit=1000)
+    assert ledger.claim_timers() == []  # every due timer is held
+    claimed = first + rest
+    assert len(claimed) == count + 1 and len({t.name for t in claimed}) == count + 1
+    assert [t.next_due for t in first] == sorted(t.next_due for t in first)
+    assert max(t.next_due for t in first) <= min(t.next_due for t in rest)  # the soonest due first
+    one_offs = [TimerFired(identity="a", name=t.name, scheduled=t.next_due, next_due=None, lateness=0.5)
+                for t in claimed if t.name != "every"]
+    stale = dataclasses.replace(one_offs[3], scheduled=one_offs[3].scheduled + 1)
+    moved = TimerFired(identity="a", name="every", scheduled=now + 1, next_due=now + 11, lateness=0.5)
+    assert ledger.settle_timers(fired=[*one_offs, one_offs[0], stale, moved]) == [True] * count + [False, False, True]
+    (left,) = ledger.timers(identity="a")
+    assert (left.name, left.next_due, left.fired) == ("every", now + 11, 1)
+
+
+def test_a_host_claims_the_due_timers_of_its_own_identities_and_others_only_when_unheld_lapsed_or_overdue(
+        ledger, clock):
+    from rayfleet.ledger import TimerSpec
+    for identity in ("mine", "theirs", "dormant"):
+        register(ledger, identity)
+    tokens = {"mine": grant(ledger, "h1", "mine", ttl=60.0).fencing_token,
+              "theirs": grant(ledger, "h2", "theirs", ttl=20.0).fencing_token}
+    dormant = grant(ledger, "h2", "dormant").fencing_token
+    now = clock()
+    for identity, token in [*tokens.items(), ("dormant", dormant)]:
+        ledger.set_timer(identity=identity, fencing_token=token, timer=TimerSpec(
+            name="r", method="go", payload=b"p", next_due=now + 1))
+    ledger.release(holder="h2", tokens={"dormant": dormant})  # deactivated: nobody holds it
+    clock.advance(2)
+    claimed = ledger.claim_timers(claim_for=0.0, holder="h1", holder_first=5.0)
+    assert sorted(t.identity for t in claimed) == ["dormant", "mine"]  # "theirs" is left to h2 ...
+    assert sorted(t.identity for t in ledger.claim_timers(claim_for=0.0, holder="h2", holder_first=5.0)) == [
+        "dormant", "theirs"]
+    clock.advance(5)  # ... until it is overdue past the allowance
+    assert len(ledger.claim_timers(claim_for=0.0, holder="h1", holder_first=5.0)) == 3
+    assert len(ledger.claim_timers(claim_for=0.0)) == 3  # no holder named: every due timer
+    ledger.set_timer(identity="theirs", fencing_token=tokens["theirs"], timer=TimerSpec(
+        name="r", method="go", payload=b"p", next_due=clock() + 1))
+    clock.advance(15)  # h2's lease lapsed (20 s, never renewed): its timer is anyone's at once
+    assert "theirs" in {t.identity for t in ledger.claim_timers(claim_for=0.0, holder="h1", holder_first=60.0)}
+
+
 def test_timers_are_set_fenced_claimed_when_due_settled_once_and_forgotten(ledger, clock):
     from rayfleet.ledger import TimerFired, TimerSpec
     register(ledger)
