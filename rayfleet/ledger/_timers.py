@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import _turns, _views
-from ._store import IN_LIST, Row, Transaction
+from ._store import Row, Transaction
 from ._turn_rows import TimerFired, TimerRow, TimerSpec
 
 _COLUMNS = ("identity, name, method, payload, next_due, every, cron, tz, overlap, catch_up, created, last_fired, "
@@ -57,13 +57,11 @@ def claim(tx: Transaction, *, now: float, limit: int, claim_for: float, holder: 
     of a dormant identity, of a lapsed lease, or overdue past that allowance goes to
     any host.
 
-    A few statements for a batch, not one per timer: the due batch is found through the
-    index on ``next_due``, then marked in one update. When nothing is due (the idle
-    sweep's case) that is one statement, the same with a million timers as with none:
-    the holder's filter, which costs a tenth of a millisecond more to plan on
-    PostgreSQL, is asked only once something is due. Two hosts claiming at once
-    conflict and one of them retries (every write is ``SERIALIZABLE``), so a timer is
-    never claimed twice at one time.
+    Nothing is marked when nothing is due (the idle sweep's case), which is then one
+    statement, the same with a million timers as with none: the holder's filter, which
+    costs a tenth of a millisecond more to plan on PostgreSQL, is asked only once
+    something is due. Two hosts claiming at once conflict and one of them retries (every
+    write is ``SERIALIZABLE``), so a timer is never claimed twice at one time.
     """
     due = "t.next_due <= ? AND (t.claimed_until IS NULL OR t.claimed_until <= ?)"
     rows = tx.execute(f"SELECT {_OF_T} FROM timers t WHERE {due} ORDER BY t.next_due LIMIT ?",
@@ -74,47 +72,23 @@ def claim(tx: Transaction, *, now: float, limit: int, claim_for: float, holder: 
             f"{_views.HOLDER_OF_LEASE} WHERE l.identity = t.identity AND l.holder <> ? "
             f"AND {_views.LEASE_EXPIRES} > ? AND t.next_due > ?) ORDER BY t.next_due LIMIT ?",
             (now, now, holder, now, now - holder_first, limit)).fetchall()
-    for start in range(0, len(rows), IN_LIST):
-        chunk = rows[start:start + IN_LIST]
-        tx.execute(f"UPDATE timers SET claimed_until = ? WHERE (identity, name) IN "
-                   f"(VALUES {', '.join(['(?, ?)'] * len(chunk))})",
-                   [now + claim_for, *(value for row in chunk for value in row[:2])])
+    if rows:
+        # A statement per timer, through the primary key: a row-value ``IN (VALUES ...)``
+        # over the batch is a scan of the whole table on SQLite.
+        tx.executemany("UPDATE timers SET claimed_until = ? WHERE identity = ? AND name = ?",
+                       [(now + claim_for, row[0], row[1]) for row in rows])
     return [_row(row) for row in rows]
 
 
 def settle(tx: Transaction, *, fired: Sequence[TimerFired], now: float) -> list[bool]:
-    """Move each fired timer to its next time (or remove a one-off); whether each was still at its fired time.
-
-    The one-offs (a burst of reminders is mostly these) are removed by one statement per
-    ``IN_LIST`` of them; a recurring timer's move is a statement of its own (its new
-    values differ from the others').
-    """
-    removed = _remove_spent(tx, [one for one in fired if one.next_due is None])
-    settled: list[bool] = []
-    for one in fired:
-        if one.next_due is None:
-            key = (one.identity, one.name, one.scheduled)
-            settled.append(key in removed)
-            removed.discard(key)  # a second settlement of the same firing removed nothing
-        else:
-            settled.append(_move(tx, one, now))
-    return settled
+    """Move each fired timer to its next time (or remove a one-off); whether each was still at its fired time."""
+    return [_settle_one(tx, one, now) for one in fired]
 
 
-def _remove_spent(tx: Transaction, spent: Sequence[TimerFired]) -> set[tuple[str, str, float]]:
-    """Remove the one-offs still at their fired times; the ``(identity, name, scheduled)`` of those removed."""
-    removed: set[tuple[str, str, float]] = set()
-    for start in range(0, len(spent), IN_LIST):
-        chunk = spent[start:start + IN_LIST]
-        rows = tx.execute(
-            "DELETE FROM timers WHERE (identity, name, next_due) IN "
-            f"(VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}) RETURNING identity, name, next_due",
-            [value for one in chunk for value in (one.identity, one.name, one.scheduled)]).fetchall()
-        removed.update((row[0], row[1], float(row[2])) for row in rows)
-    return removed
-
-
-def _move(tx: Transaction, fired: TimerFired, now: float) -> bool:
+def _settle_one(tx: Transaction, fired: TimerFired, now: float) -> bool:
+    if fired.next_due is None:
+        return bool(tx.execute("DELETE FROM timers WHERE identity = ? AND name = ? AND next_due = ?",
+                               (fired.identity, fired.name, fired.scheduled)).rowcount)
     return bool(tx.execute(
         "UPDATE timers SET next_due = ?, claimed_until = NULL, last_fired = ?, fired = fired + 1, "
         "missed = missed + ?, late = late + ?, last_lateness = ? WHERE identity = ? AND name = ? AND next_due = ?",

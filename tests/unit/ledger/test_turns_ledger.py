@@ -403,8 +403,8 @@ def test_of_two_concurrent_decisions_exactly_one_is_applied_and_the_other_names_
 
 
 def test_a_burst_of_due_timers_is_claimed_in_due_order_and_its_one_offs_settled_in_batches(ledger, clock):
-    """Claims and settlements are set-based: more one-offs than one statement's list, with
-    a duplicate, a stale settlement and a recurring timer in the same batch."""
+    """Claims come in due order across batches; one settlement batch holds many one-offs,
+    a duplicate, a stale settlement and a recurring timer."""
     from rayfleet.ledger import TimerFired, TimerSpec
     from rayfleet.ledger._store import IN_LIST
     register(ledger)
