@@ -4,8 +4,9 @@ A stream is read in two parts: the persisted events after the client's last even
 come from the ledger (every one of them, in order), then the live ones from the
 identity's owner by long poll (``AgentHost.turn_events``), which include the deltas. A
 poll that finds the owner's live events no longer reach back to the client's place (it
-keeps the last few thousand) goes back to the ledger first, so no persisted event is
-missed or repeated. A failover shows as a ``reset`` event where the next owner's part
+keeps the last few thousand) goes back to the ledger first, and so does a reader about
+to enter a later owner's part (the earlier owner may have persisted events it never got
+live), so no persisted event is missed or repeated. A failover shows as a ``reset`` event where the next owner's part
 begins (the reader's own, when what it saw live of the earlier owner's part was lost and
 the ledger gave the next owner nothing to tell it so). See ``docs/decisions/turn-stream-long-poll.md``.
 """
@@ -73,6 +74,7 @@ def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] 
     """
     key = after
     unsure = after  # the last event's key while the ledger has not shown it is kept
+    checked: EventKey | None = None  # the reader's place when it last read the ledger to its end
     need_ledger = True
     unknown = 0
 
@@ -103,13 +105,21 @@ def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] 
                     return True
         return False
 
-    while True:
-        if need_ledger:
+    def ledger_to_end() -> Generator[tuple[str, Any], Any, bool]:
+        """Hand on every persisted event after the reader's place; whether the stream ended."""
+        nonlocal checked
+        while True:
             rows: list[TurnEventRow] = yield "ledger", key
             if (yield from ledger_rows(rows)):
+                return True
+            if len(rows) < LEDGER_PAGE:
+                checked = key
+                return False
+
+    while True:
+        if need_ledger:
+            if (yield from ledger_to_end()):
                 return
-            if len(rows) >= LEDGER_PAGE:
-                continue
             need_ledger = False
         events, state, gap = yield "poll", key
         if gap:
@@ -120,6 +130,15 @@ def _reading(turn_id: str, after: EventKey | None, finished: Callable[[], bool] 
             parsed = parse_event_id(event.id)
             if parsed is None or (key is not None and parsed <= key):
                 continue
+            if key is not None and parsed[0] > key[0] and checked != key:
+                # A later owner's part: the earlier owner may have persisted events after the
+                # reader's place that it never got live (it died before the reader polled
+                # them), and only the ledger has them. Read now, once the later owner exists,
+                # the earlier one can write nothing more (its writes are fenced).
+                if (yield from ledger_to_end()):
+                    return
+                if parsed <= key:
+                    continue  # the ledger gave it
             yield from passing(event, parsed)
             key = unsure = parsed
             yield "event", event

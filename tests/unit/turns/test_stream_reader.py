@@ -108,3 +108,16 @@ def test_a_gap_after_a_lost_event_still_marks_the_seam() -> None:
                         polls=[([wire("3.1", "started")], "running", False), ([], "running", True)])
     assert [event.id for event in events] == ["3.1", "4.0", "4.1", "4.2"]
     assert asked == [(3, 1, 0)]
+
+
+def test_persisted_events_the_earlier_owner_wrote_after_the_readers_place_come_from_the_ledger_before_the_next_owner(
+        ) -> None:
+    # The chaos suite: a reader had 4.627 and 4.628 live; its owner persisted 4.629 and died
+    # before the reader polled it; the next owner's live part began at its reset, 5.1, and
+    # the reader went on from there without 4.629.
+    events, _ = run(None, ledger=[[], [row(4, 629, "part"), row(5, 1, "reset")]], polls=[
+        ([wire("4.627", "started"), wire("4.628", "step")], "running", False),
+        ([wire("5.1", "reset"), wire("5.2", "started"), wire("5.3", "completed")], "running", False)])
+    assert [(event.id, event.kind) for event in events] == [
+        ("4.627", "started"), ("4.628", "step"), ("4.629", "part"), ("5.1", "reset"), ("5.2", "started"),
+        ("5.3", "completed")]
