@@ -57,16 +57,22 @@ def claim(tx: Transaction, *, now: float, limit: int, claim_for: float, holder: 
     of a dormant identity, of a lapsed lease, or overdue past that allowance goes to
     any host.
 
-    Nothing is marked when nothing is due (the idle sweep's case), which is then one
-    statement, the same with a million timers as with none: the holder's filter, which
+    When nothing is due (the idle sweep's case) this is one statement that reads one
+    index entry, the same with a million timers as with none: the holder's filter, which
     costs a tenth of a millisecond more to plan on PostgreSQL, is asked only once
     something is due. Two hosts claiming at once conflict and one of them retries (every
     write is ``SERIALIZABLE``), so a timer is never claimed twice at one time.
     """
     due = "t.next_due <= ? AND (t.claimed_until IS NULL OR t.claimed_until <= ?)"
-    rows = tx.execute(f"SELECT {_OF_T} FROM timers t WHERE {due} ORDER BY t.next_due LIMIT ?",
-                      (now, now, limit)).fetchall()
-    if rows and holder is not None:
+    if holder is None:
+        rows = tx.execute(f"SELECT {_OF_T} FROM timers t WHERE {due} ORDER BY t.next_due LIMIT ?",
+                          (now, now, limit)).fetchall()
+    # The order makes this a read of the due-time index: without it PostgreSQL scanned the
+    # whole table (100 ms over a million timers).
+    elif tx.execute(f"SELECT 1 FROM timers t WHERE {due} ORDER BY t.next_due LIMIT 1",
+                    (now, now)).fetchone() is None:
+        return []
+    else:
         rows = tx.execute(
             f"SELECT {_OF_T} FROM timers t WHERE {due} AND NOT EXISTS (SELECT 1 FROM leases l "
             f"{_views.HOLDER_OF_LEASE} WHERE l.identity = t.identity AND l.holder <> ? "

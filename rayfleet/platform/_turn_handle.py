@@ -6,9 +6,10 @@ identity's owner by long poll (``AgentHost.turn_events``), which include the del
 poll that finds the owner's live events no longer reach back to the client's place (it
 keeps the last few thousand) goes back to the ledger first, and so does a reader about
 to enter a later owner's part (the earlier owner may have persisted events it never got
-live), so no persisted event is missed or repeated. A failover shows as a ``reset`` event where the next owner's part
-begins (the reader's own, when what it saw live of the earlier owner's part was lost and
-the ledger gave the next owner nothing to tell it so). See ``docs/decisions/turn-stream-long-poll.md``.
+live), so no persisted event is missed or repeated. A failover shows as a ``reset``
+event where the next owner's part begins (the reader's own, when what it saw live of the
+earlier owner's part was lost and the ledger gave the next owner nothing to tell it so).
+See ``docs/decisions/turn-stream-long-poll.md``.
 """
 
 from __future__ import annotations
