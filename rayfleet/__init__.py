@@ -86,10 +86,13 @@ from .identity._values import LifecycleState as LifecycleState
 from .identity._values import TopologyPolicy as TopologyPolicy
 from .ledger._values import HostInfo as HostInfo
 from .llm._chat import ChatClient as ChatClient
-from .llm._chat import ChatMessage as ChatMessage
-from .llm._chat import ChatModel as ChatModel
-from .llm._chat import ChatReply as ChatReply
-from .llm._chat import reply_with_usage as reply_with_usage
+from .llm._chat import ChatStream as ChatStream
+from .llm._values import ChatDelta as ChatDelta
+from .llm._values import ChatMessage as ChatMessage
+from .llm._values import ChatModel as ChatModel
+from .llm._values import ChatReply as ChatReply
+from .llm._values import ToolCall as ToolCall
+from .llm._values import reply_with_usage as reply_with_usage
 from .platform._approvals_client import ApprovalsClient as ApprovalsClient
 from .platform._fleet import Fleet as Fleet
 from .platform._fleet import FleetConfig as FleetConfig
@@ -147,9 +150,12 @@ __all__ = [
     "handler",
     # Models (LLM access for agents)
     "ChatClient",
+    "ChatDelta",
     "ChatMessage",
     "ChatModel",
     "ChatReply",
+    "ChatStream",
+    "ToolCall",
     "reply_with_usage",
     # Workflows
     "AgentFailure",

@@ -1041,38 +1041,49 @@ class ModelTimeoutError(ModelError, TimeoutError):
     """One request took longer than the client's timeout; it was not retried.
 
     Attributes:
-        timeout: the seconds one request may take.
+        timeout: the seconds one request may take (a streamed one: the longest wait for its next chunk).
+        streamed: the request was a streamed one, which stalled.
     """
 
     timeout: float
+    streamed: bool
 
-    def __init__(self, *, url: str, timeout: float) -> None:
+    def __init__(self, *, url: str, timeout: float, streamed: bool = False) -> None:
+        waited = (f"sent nothing of its streamed reply for {timeout:g}s" if streamed
+                  else f"did not finish within {timeout:g}s")
         super().__init__(
-            f"chat completion at {url} did not finish within {timeout:g}s. Raise the client's timeout= "
-            f"or ask for fewer tokens; it was not retried because the server may still be generating it.",
+            f"chat completion at {url} {waited}. Raise the client's timeout= or ask for fewer tokens; it was "
+            f"not retried because the server may still be generating it.",
             url=url,
             timeout=timeout,
+            streamed=streamed,
         )
 
 
 class ModelUnavailableError(ModelError):
-    """HTTP 429, 5xx or connection failures lasted through every retry.
+    """HTTP 429, 5xx or connection failures lasted through every retry, or a stream broke off.
 
     Attributes:
         attempts: requests sent, the first included.
         last_failure: what the last attempt ran into.
+        retry_after: the seconds the server's last ``Retry-After`` asked for, when that was
+            longer than the client waits (``None`` otherwise).
     """
 
     attempts: int
     last_failure: str
+    retry_after: float | None
 
-    def __init__(self, *, url: str, attempts: int, last_failure: str) -> None:
+    def __init__(self, *, url: str, attempts: int, last_failure: str, retry_after: float | None = None) -> None:
+        advice = ("Check that the server is up, or raise max_retries." if retry_after is None else
+                  f"The server asked to wait {retry_after:g}s, longer than the client's max_retry_after: try "
+                  f"again then, or raise max_retry_after.")
         super().__init__(
-            f"chat completion at {url} failed after {attempts} attempt(s); last: {last_failure}. "
-            f"Check that the server is up, or raise max_retries.",
+            f"chat completion at {url} failed after {attempts} attempt(s); last: {last_failure}. {advice}",
             url=url,
             attempts=attempts,
             last_failure=last_failure,
+            retry_after=retry_after,
         )
 
 

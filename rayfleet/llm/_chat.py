@@ -1,212 +1,106 @@
-"""An OpenAI-compatible chat client over aiohttp, reporting token usage to workflow budgets."""
+"""An OpenAI-compatible chat client over aiohttp: tools, streaming, ``Retry-After`` and timeouts.
+
+What is retried: HTTP 429, 5xx and connection failures before a reply began, up to
+``max_retries`` times. A 429 or 503 with ``Retry-After`` waits what the server asked
+(when that is at most ``max_retry_after``; longer, the error carries it for the caller to
+honour). Nothing else is retried: not a timeout (the server may still be generating, and
+billing), not a stream that broke after it began (its deltas are already out).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import email.utils
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
 from ..errors import (
     InvalidSpecError,
     ModelRequestError,
-    ModelResponseError,
     ModelTimeoutError,
     ModelUnavailableError,
+    UsageError,
 )
-from ..identity._handlers import Reply, Usage
-from ..retry import RetryPolicy, retry_async
+from ..retry import RetryPolicy
+from ._completions import ReplyAssembler, excerpt, parse_completion, request_body, sse_data
+from ._values import ChatDelta, ChatMessage, ChatReply
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+T = TypeVar("T")
+
 CHAT_RETRY = RetryPolicy(max_attempts=3, base_delay=0.25, max_delay=4.0, jitter=0.0)
-"""Waits between retried requests: 0.25 s doubling, capped at 4 s so a large ``max_retries``
-never sleeps for minutes. Each client replaces ``max_attempts`` with ``max_retries + 1``."""
-_EXCERPT = 200
-"""Characters of a response body quoted in an error message."""
-_RESERVED_PARAMS = ("model", "messages", "stream")
+"""Waits between retried requests without ``Retry-After``: 0.25 s doubling, capped at 4 s so a
+large ``max_retries`` never sleeps for minutes. Each client replaces ``max_attempts`` with
+``max_retries + 1``."""
+RETRY_AFTER_STATUSES = (429, 503)
+"""Statuses whose ``Retry-After`` header says when to try again (RFC 9110, section 10.2.3)."""
 
 
-# --------------------------------------------------------------------------- values
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise InvalidSpecError(f"{name} must be a positive number of seconds, got {value!r}", field=name)
+    return float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    """One message of a chat conversation.
-
-    Attributes:
-        role: who speaks: ``"system"``, ``"user"``, ``"assistant"`` or another role the server knows.
-        content: the text of the message.
-
-    Raises:
-        InvalidSpecError: when ``role`` is empty or either field is not a string.
-    """
-
-    role: str
-    content: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.role, str) or not self.role:
-            raise InvalidSpecError(f"a chat message needs a non-empty string role, got {self.role!r}",
-                                   field="messages")
-        if not isinstance(self.content, str):
-            raise InvalidSpecError(
-                f"chat message content must be a string, got {type(self.content).__name__}", field="messages"
-            )
-
-    def to_json(self) -> dict[str, str]:
-        """The message as the chat completions API expects it."""
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True, slots=True)
-class ChatReply:
-    """What a chat model answered, with the tokens it cost.
-
-    Attributes:
-        text: the content of the first choice.
-        usage: prompt and completion tokens as the server reported them (zeros if it did not).
-        model: the model that answered, as the server named it.
-        finish_reason: why generation stopped (``"stop"``, ``"length"``, ...), if reported.
-        raw: the decoded response body, for fields this class does not surface.
-    """
-
-    text: str
-    usage: Usage
-    model: str
-    finish_reason: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
-
-
-@runtime_checkable
-class ChatModel(Protocol):
-    """Anything a handler can chat with: :class:`ChatClient`, :class:`ScriptedModel` or your own."""
-
-    async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
-        """Answer ``messages``; ``params`` are model parameters such as ``temperature``."""
-        ...
-
-
-def reply_with_usage(reply: ChatReply) -> Reply:
-    """Wrap a chat reply as a handler :class:`Reply` so workflow token budgets count it.
-
-    Example::
-
-        return rf.reply_with_usage(await model.chat([{"role": "user", "content": question}]))
-    """
-    return Reply(reply.text, usage=reply.usage)
-
-
-def coerce_messages(messages: Iterable[ChatMessage | Mapping[str, Any]]) -> list[ChatMessage]:
-    # A bare string or dict is iterable too; refusing them here beats sending one message per character.
-    if isinstance(messages, (str, bytes, Mapping)):
-        raise InvalidSpecError(
-            "messages must be a list of ChatMessage or {'role': ..., 'content': ...} dicts, "
-            f"got a single {type(messages).__name__}",
-            field="messages",
-        )
-    coerced: list[ChatMessage] = []
-    for index, message in enumerate(messages):
-        if isinstance(message, ChatMessage):
-            coerced.append(message)
-        elif isinstance(message, Mapping):
-            missing = [key for key in ("role", "content") if key not in message]
-            if missing:
-                raise InvalidSpecError(f"message {index} lacks {', '.join(missing)}: {dict(message)!r}",
-                                       field="messages")
-            coerced.append(ChatMessage(message["role"], message["content"]))
-        else:
-            raise InvalidSpecError(
-                f"message {index} must be a ChatMessage or a dict, got {type(message).__name__}", field="messages"
-            )
-    if not coerced:
-        raise InvalidSpecError("messages is empty; send at least one message", field="messages")
-    return coerced
-
-
-def _excerpt(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT] + "..."
-
-
-def _token_count(usage: Mapping[str, Any], name: str, *, url: str) -> int:
-    value = usage.get(name)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ModelResponseError(
-            url=url, detail=f"chat response usage.{name} must be a non-negative integer, got {value!r}"
-        )
-    return value
-
-
-def _parse_completion(body: str, *, url: str, default_model: str) -> ChatReply:
-    """Decode a chat completions response body from ``url`` into a :class:`ChatReply`.
-
-    Raises:
-        ModelResponseError: naming the part of the response that is missing or malformed.
-    """
+def retry_after_seconds(header: str | None, *, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date); ``None`` if absent
+    or unreadable. A date in the past is 0."""
+    if header is None:
+        return None
+    text = header.strip()
     try:
-        raw = json.loads(body)
+        seconds = float(text)
     except ValueError:
-        raise ModelResponseError(url=url, detail=f"chat response is not JSON: {_excerpt(body)!r}") from None
-    if not isinstance(raw, dict):
-        raise ModelResponseError(url=url, detail=f"chat response must be a JSON object, got {_excerpt(body)!r}")
-    choices = raw.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ModelResponseError(url=url, detail=f"chat response has no choices[0]: {_excerpt(body)!r}")
-    message = choices[0].get("message")
-    if not isinstance(message, dict):
-        raise ModelResponseError(url=url, detail=f"chat response has no choices[0].message: {_excerpt(body)!r}")
-    content = message.get("content")
-    if content is None and message.get("tool_calls"):
-        content = ""  # a tool-call turn legitimately carries no text
-    if not isinstance(content, str):
-        raise ModelResponseError(
-            url=url, detail=f"chat response has no string choices[0].message.content: {_excerpt(body)!r}"
-        )
-    usage_json = raw.get("usage")
-    if usage_json is None:
-        usage = Usage()  # some compatible servers omit usage; a budget then sees zero tokens
-    elif isinstance(usage_json, dict):
-        usage = Usage(prompt_tokens=_token_count(usage_json, "prompt_tokens", url=url),
-                      completion_tokens=_token_count(usage_json, "completion_tokens", url=url))
-    else:
-        raise ModelResponseError(url=url, detail=f"chat response usage must be an object, got {usage_json!r}")
-    finish_reason = choices[0].get("finish_reason")
-    model = raw.get("model")
-    return ChatReply(
-        text=content,
-        usage=usage,
-        model=model if isinstance(model, str) and model else default_model,
-        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-        raw=raw,
-    )
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
-# --------------------------------------------------------------------------- the HTTP client
+class _ServerBusy(Exception):
+    """HTTP 429 or 5xx: the server may answer a later attempt."""
+
+    def __init__(self, status: int, excerpt: str, retry_after: float | None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.excerpt = excerpt
+        self.retry_after = retry_after
+
+
+_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
 class ChatClient:
     """A client for any OpenAI-compatible ``/chat/completions`` endpoint.
 
-    Works with OpenAI, a Ray Serve or vLLM deployment, or any compatible server.
-    Sessions are created lazily, one per event loop, because an aiohttp session
-    is bound to the loop that made it; close them with :meth:`close` or use the
-    client as ``async with ChatClient(...) as client``.
+    Works with OpenAI, vLLM, Ray Serve LLM, LiteLLM's proxy or any compatible server.
+    :meth:`chat` returns the whole reply; :meth:`stream` yields it as it is written.
+    Both take the protocol's parameters (``tools``, ``tool_choice``,
+    ``parallel_tool_calls``, ``temperature``, ...) as keywords, sent as given once
+    ``tools`` and ``tool_choice`` are checked. Sessions are created lazily, one per
+    event loop, because an aiohttp session is bound to the loop that made it; close them
+    with :meth:`close` or use the client as ``async with ChatClient(...) as client``.
 
     Args:
         base_url: the API root, e.g. ``"http://127.0.0.1:8000/v1"``; ``/chat/completions`` is appended.
         model: the model name sent with every request.
         api_key: sent as ``Authorization: Bearer <api_key>`` when given.
-        timeout: seconds one request may take, body included.
+        timeout: seconds one request may take, body included; for a streamed request, the
+            longest wait for its reply to begin and then for each next chunk (a long
+            answer may stream for minutes).
+        connect_timeout: seconds to open the connection (at most ``timeout``).
         max_retries: retries after the first attempt for HTTP 429, 5xx and connection errors.
+        max_retry_after: the longest ``Retry-After`` waited for; a longer one ends the call
+            with ``ModelUnavailableError.retry_after`` set.
 
     Raises:
         InvalidSpecError: naming the option that is not valid.
@@ -219,7 +113,9 @@ class ChatClient:
         model: str,
         api_key: str | None = None,
         timeout: float = 60.0,
+        connect_timeout: float = 10.0,
         max_retries: int = 2,
+        max_retry_after: float = 60.0,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise InvalidSpecError(f"base_url must start with http:// or https://, got {base_url!r}",
@@ -228,16 +124,15 @@ class ChatClient:
             raise InvalidSpecError(f"model must be a non-empty string, got {model!r}", field="model")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise InvalidSpecError("api_key must be a non-empty string or None", field="api_key")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise InvalidSpecError(f"timeout must be a positive number of seconds, got {timeout!r}",
-                                   field="timeout")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidSpecError(f"max_retries must be an integer >= 0, got {max_retries!r}",
                                    field="max_retries")
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.timeout = float(timeout)
+        self.timeout = _positive("timeout", timeout)
+        self.connect_timeout = min(_positive("connect_timeout", connect_timeout), self.timeout)
         self.max_retries = max_retries
+        self.max_retry_after = _positive("max_retry_after", max_retry_after)
         self._api_key = api_key  # kept private so repr() and logs never show it
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
@@ -281,85 +176,230 @@ class ChatClient:
                 # A session must be closed on its own loop; that loop runs in another thread.
                 asyncio.run_coroutine_threadsafe(session.close(), loop)
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    def _headers(self, *, stream: bool) -> dict[str, str]:
+        headers = {"Content-Type": "application/json",
+                   "Accept": "text/event-stream" if stream else "application/json"}
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def _request_body(self, messages: Iterable[ChatMessage | Mapping[str, Any]], params: Mapping[str, Any]) -> str:
-        reserved = sorted(set(params) & set(_RESERVED_PARAMS))
-        if reserved:
-            raise InvalidSpecError(
-                f"chat() does not take {', '.join(reserved)} as a parameter: the model is set on the client "
-                f"and streaming is not supported",
-                field=reserved[0],
-            )
-        body = {"model": self.model, "messages": [m.to_json() for m in coerce_messages(messages)], **params}
-        try:
-            return json.dumps(body)
-        except (TypeError, ValueError) as error:
-            raise InvalidSpecError(f"chat parameters must be JSON-serialisable: {error}", field="params") from None
-
     async def chat(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatReply:
         """Send ``messages`` to the chat completions endpoint and return the first choice.
 
-        HTTP 429, 5xx and connection failures are retried up to ``max_retries`` times,
-        waiting as :data:`CHAT_RETRY` says; nothing else is retried.
-
         Args:
-            messages: ``ChatMessage`` values or ``{"role": ..., "content": ...}`` dicts.
-            **params: request fields sent as given, e.g. ``temperature=0.2, max_tokens=64``.
+            messages: ``ChatMessage`` values or the protocol's message dicts (tool calls
+                and ``tool`` results included).
+            **params: request fields, e.g. ``tools=[...], tool_choice="auto", temperature=0.2``.
 
         Raises:
-            InvalidSpecError: bad messages or parameters; nothing was sent.
+            InvalidSpecError: bad messages or parameters (``stream`` among them: use
+                :meth:`stream`); nothing was sent.
             ModelRequestError: the server refused the request (another HTTP error; status and body inside).
             ModelResponseError: the response lacks a required field or is not JSON.
             ModelTimeoutError: one request took longer than ``timeout``.
-            ModelUnavailableError: 429/5xx/connection failures outlasted ``max_retries``.
+            ModelUnavailableError: 429/5xx/connection failures outlasted ``max_retries``,
+                or a ``Retry-After`` was longer than ``max_retry_after``.
         """
-        body = self._request_body(messages, params)
-        session = self._session()
-        request_timeout = aiohttp.ClientTimeout(total=self.timeout)
-        policy = dataclasses.replace(CHAT_RETRY, max_attempts=self.max_retries + 1)
+        body = request_body(self.model, messages, params, stream=False)
+        timeout = aiohttp.ClientTimeout(total=self.timeout, connect=self.connect_timeout)
 
         async def attempt() -> ChatReply:
+            session = self._session()
             try:
-                async with session.post(self.url, data=body, headers=self._headers(),
-                                        timeout=request_timeout) as response:
-                    status = response.status
+                async with session.post(self.url, data=body, headers=self._headers(stream=False),
+                                        timeout=timeout) as response:
                     text = await response.text(errors="replace")
+                    _check_status(self.url, response, text)
             except asyncio.TimeoutError:
-                # Not retried: a request that timed out may still be generating (and billing) server-side.
                 raise ModelTimeoutError(url=self.url, timeout=self.timeout) from None
-            if 200 <= status < 300:
-                return _parse_completion(text, url=self.url, default_model=self.model)
-            if status == 429 or status >= 500:
-                raise _ServerBusy(status, _excerpt(text))
-            # The request itself is wrong (auth, model name, parameters); repeating it cannot help.
-            raise ModelRequestError(url=self.url, status=status, body_excerpt=_excerpt(text))
+            return parse_completion(text, url=self.url, default_model=self.model)
 
+        return await self._with_retries(attempt)
+
+    def stream(self, messages: Iterable[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatStream:
+        """Send ``messages`` asking for a streamed reply; iterate the result for its deltas.
+
+        ::
+
+            async with client.stream(messages, tools=tools) as reply:
+                async for delta in reply:
+                    print(delta.text, end="")
+            answer = reply.reply          # text, tool calls and usage, assembled
+
+        The request asks for usage in the last chunk (``stream_options.include_usage``).
+        Its parameters are checked now (``InvalidSpecError``); it is sent when the stream
+        is entered or first iterated, and retried as :meth:`chat` is until the reply
+        begins. The errors are those of :meth:`chat`, raised from the iteration; a stream
+        that breaks off after it began raises ``ModelUnavailableError`` and is not retried.
+        """
+        return ChatStream(self, request_body(self.model, messages, params, stream=True))
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Await ``attempt()`` until it succeeds, retrying a busy server and lost connections (see the module)."""
+        attempts = self.max_retries + 1
+        for number in range(1, attempts + 1):
+            try:
+                return await attempt()
+            except _ServerBusy as busy:
+                if busy.retry_after is not None and busy.retry_after > self.max_retry_after:
+                    raise ModelUnavailableError(url=self.url, attempts=number, retry_after=busy.retry_after,
+                                                last_failure=f"HTTP {busy.status}: {busy.excerpt!r}") from None
+                if number == attempts:
+                    raise ModelUnavailableError(url=self.url, attempts=number,
+                                                last_failure=f"HTTP {busy.status}: {busy.excerpt!r}") from None
+                delay = CHAT_RETRY.delay_for(number - 1) if busy.retry_after is None else busy.retry_after
+            except _CONNECTION_ERRORS as error:
+                if number == attempts:
+                    raise ModelUnavailableError(
+                        url=self.url, attempts=number,
+                        last_failure=f"connection failed: {type(error).__name__}: {error}",
+                    ) from error
+                delay = CHAT_RETRY.delay_for(number - 1)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _check_status(url: str, response: aiohttp.ClientResponse, text: str) -> None:
+    """Raise for a response that is not a success: ``_ServerBusy`` (retried) or ``ModelRequestError``."""
+    status = response.status
+    if 200 <= status < 300:
+        return
+    if status == 429 or status >= 500:
+        retry_after = retry_after_seconds(response.headers.get("Retry-After")) \
+            if status in RETRY_AFTER_STATUSES else None
+        raise _ServerBusy(status, excerpt(text), retry_after)
+    # The request itself is wrong (auth, model name, parameters); repeating it cannot help.
+    raise ModelRequestError(url=url, status=status, body_excerpt=excerpt(text))
+
+
+class ChatStream:
+    """A streamed reply: an async iterator of :class:`ChatDelta`, and an async context manager.
+
+    Made by :meth:`ChatClient.stream`. Leaving the ``async with`` block (or the
+    iteration ending, or failing) closes the response; breaking out early is fine.
+    """
+
+    def __init__(self, client: ChatClient, body: str) -> None:
+        self._client = client
+        self._body = body
+        self._assembler = ReplyAssembler(url=client.url, default_model=client.model)
+        self._response: aiohttp.ClientResponse | None = None
+        self._events: AsyncIterator[ChatDelta] | None = None
+        self._reply: ChatReply | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[ChatDelta]:
+        return self
+
+    async def __anext__(self) -> ChatDelta:
+        if self._events is None:
+            await self._open()
+            assert self._response is not None
+            self._events = self._deltas(self._response)
         try:
-            return await retry_async(attempt, policy, retry_on=_is_transient)
-        except _ServerBusy as busy:
-            raise ModelUnavailableError(
-                url=self.url, attempts=policy.max_attempts, last_failure=f"HTTP {busy.status}: {busy.excerpt!r}"
-            ) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
-            raise ModelUnavailableError(
-                url=self.url, attempts=policy.max_attempts,
-                last_failure=f"connection failed: {type(error).__name__}: {error}",
-            ) from error
+            return await self._events.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
 
+    @property
+    def reply(self) -> ChatReply:
+        """The whole reply, once the stream ended.
 
-class _ServerBusy(Exception):
-    """HTTP 429 or 5xx: the server may answer a later attempt."""
+        Raises:
+            UsageError: the stream has not been read to its end.
+        """
+        if self._reply is None:
+            raise UsageError("the streamed reply is not complete yet: iterate the stream to its end, or await "
+                             "stream.finish()", api="ChatStream.reply")
+        return self._reply
 
-    def __init__(self, status: int, excerpt: str) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-        self.excerpt = excerpt
+    async def finish(self) -> ChatReply:
+        """Read the rest of the stream and return the whole reply."""
+        async for _ in self:
+            pass
+        return self.reply
 
+    async def aclose(self) -> None:
+        """Release the connection; the reply stays readable if the stream had ended."""
+        response, self._response = self._response, None
+        if response is not None:
+            response.release()
 
-def _is_transient(error: Exception) -> bool:
-    return isinstance(error, (_ServerBusy, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))
+    async def _open(self) -> None:
+        if self._response is not None or self._reply is not None:
+            return
+        client = self._client
+        # Between chunks a stream may pause, not end: only the wait for the next read is bounded.
+        timeout = aiohttp.ClientTimeout(total=None, connect=client.connect_timeout, sock_read=client.timeout)
+
+        async def attempt() -> aiohttp.ClientResponse:
+            session = client._session()
+            try:
+                response = await session.post(client.url, data=self._body, headers=client._headers(stream=True),
+                                              timeout=timeout)
+            except asyncio.TimeoutError:
+                raise ModelTimeoutError(url=client.url, timeout=client.timeout, streamed=True) from None
+            if not 200 <= response.status < 300:
+                try:
+                    text = await response.text(errors="replace")
+                finally:
+                    response.release()
+                _check_status(client.url, response, text)
+            return response
+
+        self._response = await client._with_retries(attempt)
+
+    async def _deltas(self, response: aiohttp.ClientResponse) -> AsyncIterator[ChatDelta]:
+        assembler, url = self._assembler, self._client.url
+        if "text/event-stream" not in response.headers.get("Content-Type", "text/event-stream"):
+            # A server that ignored "stream": it answered the whole reply at once.
+            reply = parse_completion(await response.text(errors="replace"), url=url,
+                                     default_model=self._client.model)
+            self._reply = reply
+            if reply.text:
+                yield ChatDelta(text=reply.text)
+            for index, call in enumerate(reply.tool_calls):
+                yield ChatDelta(tool_index=index, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments)
+            return
+        pending = b""
+        event: list[str] = []
+        try:
+            async for piece in response.content.iter_any():
+                pending += piece
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", errors="replace").rstrip("\r")
+                    if line:
+                        event.append(line)
+                        continue
+                    for data in sse_data(event):
+                        deltas = assembler.add(data)
+                        if deltas is None:
+                            self._reply = assembler.reply()
+                            return
+                        for delta in deltas:
+                            yield delta
+                    event = []
+        except asyncio.TimeoutError:
+            raise ModelTimeoutError(url=url, timeout=self._client.timeout, streamed=True) from None
+        except _CONNECTION_ERRORS as error:
+            raise ModelUnavailableError(url=url, attempts=1, last_failure=f"the stream broke off after "
+                                        f"{assembler.chunks} chunk(s): {type(error).__name__}: {error}") from error
+        # The body ended without [DONE]: what came is whole if the server said why it stopped.
+        for data in sse_data(event + ([pending.decode("utf-8", errors="replace")] if pending else [])):
+            if (deltas := assembler.add(data)) is not None:
+                for delta in deltas:
+                    yield delta
+        if not assembler.complete:
+            raise ModelUnavailableError(url=url, attempts=1, last_failure=f"the stream ended after "
+                                        f"{assembler.chunks} chunk(s) without a finish reason or [DONE]")
+        self._reply = assembler.reply()

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import InvalidSpecError
 from ..identity._handlers import Usage
-from ._chat import ChatMessage, ChatReply, coerce_messages
+from ._values import ChatMessage, ChatReply, coerce_messages
 
 
 class ScriptedModel:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ..ledger._local import LocalLedgerClient as LocalLedgerClient
 from ..llm._scripted import ScriptedModel as ScriptedModel
+from ..llm._scripted_server import ScriptedModelServer as ScriptedModelServer
+from ..llm._scripted_server import ScriptedReply as ScriptedReply
 from ..workflow._journal import InMemoryJournal as InMemoryJournal
 from ._clock import ManualClock as ManualClock
 
@@ -16,4 +18,6 @@ __all__ = [
     "LocalLedgerClient",
     "ManualClock",
     "ScriptedModel",
+    "ScriptedModelServer",
+    "ScriptedReply",
 ]

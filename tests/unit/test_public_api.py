@@ -20,7 +20,7 @@ EXPECTED_NAMES = {
     "StaleCheckpointVersionError", "StaleFencingTokenError", "StaleSequenceError", "State", "StepFailedError", "TopologyPolicy",
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
     "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "RetryableError",
-    "ChatClient", "ChatMessage", "ChatModel", "ChatReply", "reply_with_usage",
+    "ChatClient", "ChatDelta", "ChatMessage", "ChatModel", "ChatReply", "ChatStream", "ToolCall", "reply_with_usage",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
     "ApplyReport", "DeactivationReport", "DrainReport", "ExportReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",

@@ -29,13 +29,8 @@ from rayfleet.errors import (
 )
 from rayfleet.identity._handlers import Reply, Usage
 from rayfleet.llm import _chat
-from rayfleet.llm._chat import (
-    ChatClient,
-    ChatMessage,
-    ChatModel,
-    ChatReply,
-    reply_with_usage,
-)
+from rayfleet.llm._chat import ChatClient
+from rayfleet.llm._values import ChatMessage, ChatModel, ChatReply, reply_with_usage
 from rayfleet.testing import ScriptedModel
 
 Action = Callable[[web.Request], Awaitable[web.StreamResponse]]
