@@ -8,6 +8,9 @@ Arrow-backed checkpoints. Start with :func:`connect`.
 from __future__ import annotations
 
 from . import _version
+from .chat._agent import ChatAgent as ChatAgent
+from .chat._model import Model as Model
+from .chat._tools import tool as tool
 from .checkpoints._export import ExportReport as ExportReport
 from .errors import AgentBusyError as AgentBusyError
 from .errors import ApprovalConflictError as ApprovalConflictError
@@ -149,14 +152,17 @@ __all__ = [
     "Usage",
     "handler",
     # Models (LLM access for agents)
+    "ChatAgent",
     "ChatClient",
     "ChatDelta",
     "ChatMessage",
     "ChatModel",
     "ChatReply",
     "ChatStream",
+    "Model",
     "ToolCall",
     "reply_with_usage",
+    "tool",
     # Workflows
     "AgentFailure",
     "AllOf",

@@ -1,0 +1,235 @@
+"""``rf.ChatAgent``: an agent whose ``chat`` handler runs a model loop on a durable turn.
+
+The loop: a model call, then the tool calls it asked for (independent ones at once), then
+a model call again, until the model answers without tools or ``max_iterations`` model
+calls were made. Each model call is a step (its text streams live as deltas, its reply is
+journaled) and each tool call a step named by its call id; so a turn that runs again
+after its host died calls the model only past the last journaled reply and repeats no
+completed tool call.
+
+The transcript stays valid for any provider: every assistant message with tool calls is
+followed by exactly one ``tool`` message per call id, whatever became of the call (an
+unknown tool, arguments that do not validate, a tool that raised, an outcome unknown after
+a failover): each is told to the model as the call's result, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import json
+from typing import Any, ClassVar
+
+import pydantic
+
+from ..errors import InvalidSpecError, LeaseLostError, StepOutcomeUnknownError, TurnError, UsageError, is_retryable
+from ..identity._agent import Agent
+from ..identity._handlers import Reply, State, Usage, handler
+from ..llm._chat import ChatClient
+from ..llm._values import ChatMessage, ChatReply, ToolCall, coerce_messages
+from ._model import Model
+from ._tools import ToolSpec, tools_of
+
+RESULT_EVENT_CHARS = 4096
+"""Characters of a tool's result the ``tool_result`` stream event carries (the transcript keeps it whole)."""
+_TOOL_CALL_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("rayfleet_tool_call_key")
+
+
+class ChatState(State):
+    """What a ``ChatAgent`` keeps between turns: its conversation, one JSON message per entry.
+
+    The system message is not kept: it is the class's ``instructions`` at each turn.
+    Subclass it (``class State(rf.ChatAgent.State)``) to keep more.
+    """
+
+    messages: list[str] = pydantic.Field(default_factory=list)
+
+
+class ChatAgent(Agent):
+    """An agent that answers ``chat(message)`` by running a model loop with tools, durably.
+
+    Set on the subclass:
+
+    - ``model``: an ``rf.Model`` (required);
+    - ``instructions``: the system message (optional);
+    - ``max_iterations``: model calls per turn at most (8); the last one is asked to
+      answer without tools (``tool_choice="none"``), so a turn always ends with an answer;
+    - ``stream``: whether model replies stream live as deltas (``True``);
+    - methods marked ``@rf.tool``: the tools the model may call.
+
+    ``chat`` returns the answer's text with the turn's token usage (``rf.Reply``), which
+    workflow budgets count. The conversation is kept in State (``self.state.messages``,
+    ``self.conversation()``). The turn's stream carries the model's text as deltas and a
+    persisted ``tool_call`` / ``tool_result`` event per tool call.
+
+    Raises (when the class is defined):
+        InvalidSpecError: no ``model``, a ``State`` that is not a ``ChatAgent.State``, a
+            bad ``max_iterations``, or a tool that cannot be described.
+    """
+
+    State: ClassVar[type[State]] = ChatState
+    model: ClassVar[Model | None] = None
+    instructions: ClassVar[str] = ""
+    max_iterations: ClassVar[int] = 8
+    stream: ClassVar[bool] = True
+    __rayfleet_tools__: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__rayfleet_tools__ = tools_of(cls)
+        # A class shipped by value is rebuilt from an empty body first, its attributes set
+        # after: checked when an instance is made instead (as every class is, on its host).
+        if set(cls.__dict__) - {"__doc__", "__module__", "__qualname__", "__rayfleet_tools__",
+                                "__rayfleet_handlers__"}:
+            cls._check_definition()
+
+    @classmethod
+    def _check_definition(cls) -> None:
+        where = cls.__qualname__
+        if not isinstance(cls.model, Model):
+            raise InvalidSpecError(f"{where}.model must be an rf.Model(...), got {cls.model!r}", field="model")
+        if not (isinstance(cls.State, type) and issubclass(cls.State, ChatState)):
+            raise InvalidSpecError(f"{where}.State must subclass rf.ChatAgent.State (it keeps the conversation)",
+                                   field="agent")
+        if not isinstance(cls.instructions, str):
+            raise InvalidSpecError(f"{where}.instructions must be a string", field="instructions")
+        if isinstance(cls.max_iterations, bool) or not isinstance(cls.max_iterations, int) or cls.max_iterations < 1:
+            raise InvalidSpecError(f"{where}.max_iterations must be an integer >= 1, got {cls.max_iterations!r}",
+                                   field="max_iterations")
+
+    def __init__(self) -> None:
+        type(self)._check_definition()
+        super().__init__()
+        self._client: ChatClient | None = None
+
+    # -- what a subclass and its tools can read
+
+    def conversation(self) -> list[ChatMessage]:
+        """The conversation kept so far (without the system message), oldest first."""
+        return coerce_messages([json.loads(text) for text in self.state.messages]) if self.state.messages else []
+
+    @property
+    def tool_call_key(self) -> str:
+        """``identity:turn:tool_call_id`` of the tool call running now; only inside a tool.
+
+        Stable across the turn's replays and failovers: the key to make a tool's outside
+        effect idempotent (a payment's idempotency key, a row's id).
+
+        Raises:
+            UsageError: outside a tool call.
+        """
+        key = _TOOL_CALL_KEY.get(None)
+        if key is None:
+            raise UsageError("self.tool_call_key is known only inside an @rf.tool method while the model's call of "
+                             "it runs", api="ChatAgent.tool_call_key")
+        return key
+
+    # -- the loop
+
+    @handler
+    async def chat(self, message: str) -> Reply:
+        """Answer ``message``, calling tools as the model asks; returns the answer and the turn's usage."""
+        cls = type(self)
+        kept = self.conversation()
+        added: list[ChatMessage] = [ChatMessage("user", message)]
+        system = [ChatMessage("system", cls.instructions)] if cls.instructions else []
+        tools = [spec.definition() for spec in cls.__rayfleet_tools__.values()]
+        usage = Usage()
+        answer = ""
+        for iteration in range(cls.max_iterations):
+            last = iteration == cls.max_iterations - 1
+            params: dict[str, Any] = {}
+            if tools:
+                params = {"tools": tools, "tool_choice": "none" if last else "auto"}
+            reply: ChatReply = await self.step(f"model:{iteration}", self._complete,
+                                               [m.to_json() for m in (*system, *kept, *added)], params)
+            usage = Usage(prompt_tokens=usage.prompt_tokens + reply.usage.prompt_tokens,
+                          completion_tokens=usage.completion_tokens + reply.usage.completion_tokens)
+            added.append(reply.message)
+            answer = reply.text
+            if not reply.tool_calls:
+                break
+            results = await asyncio.gather(*(self._tool_result(call, refused=last) for call in reply.tool_calls))
+            added.extend(ChatMessage.tool_result(call, result) for call, result in zip(reply.tool_calls, results,
+                                                                                        strict=True))
+        self.state.messages = [*self.state.messages, *(json.dumps(m.to_json()) for m in added)]
+        return Reply(answer, usage=usage)
+
+    async def _complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> ChatReply:
+        """One model call (a step's function): streamed as deltas when ``stream`` is set."""
+        client = self._chat_client()
+        if not type(self).stream:
+            return await client.chat(messages, **params)
+        async with client.stream(messages, **params) as reply:
+            async for delta in reply:
+                if delta.text:
+                    self.emit_delta(delta.text)
+        return reply.reply
+
+    def _chat_client(self) -> ChatClient:
+        if self._client is None:
+            model = type(self).model
+            assert model is not None  # checked when the class was defined
+            self._client = model.client()
+        return self._client
+
+    async def _tool_result(self, call: ToolCall, *, refused: bool) -> str:
+        """What the model is told of ``call``: its result, or what went wrong (a step when the tool runs)."""
+        spec = type(self).__rayfleet_tools__.get(call.name)
+        self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
+        if refused:
+            result = "error: the turn's model calls are used up; answer without tools"
+        elif spec is None:
+            known = ", ".join(sorted(type(self).__rayfleet_tools__)) or "none"
+            result = f"error: there is no tool named {call.name!r}; the tools are: {known}"
+        else:
+            try:
+                arguments = spec.validated(call.parsed_arguments())
+            except ValueError as error:
+                result = f"error: {error}"
+            else:
+                result = await self._run_tool(spec, call, arguments)
+        self.emit("tool_result", {"id": call.id, "name": call.name, "result": result[:RESULT_EVENT_CHARS]})
+        return result
+
+    async def _run_tool(self, spec: ToolSpec, call: ToolCall, arguments: dict[str, Any]) -> str:
+        # The step is taken before this coroutine's first await, so concurrent calls take
+        # their journal positions in the order the model listed them, on every replay.
+        try:
+            value = await self.step(f"tool:{call.id}", self._invoke, spec.method, call.id, arguments,
+                                    policy="retry" if spec.idempotent else "unknown")
+        except StepOutcomeUnknownError:
+            return (f"error: the outcome of this call is unknown (it was started, then its host stopped before it "
+                    f"was recorded); it may or may not have taken effect: check before calling {call.name} again")
+        except (LeaseLostError, TurnError):
+            raise  # the turn's own fate (lost ownership, an interrupt, a journal that disagrees), not the tool's
+        except Exception as error:  # a tool's failure is the model's to read, journaled as the step's outcome
+            if is_retryable(error):
+                raise  # not journaled: the turn is retried by the agent's retry policy, and the tool with it
+            return f"error: {type(error).__name__}: {error}"
+        return _as_text(value)
+
+    async def _invoke(self, method: str, call_id: str, arguments: dict[str, Any]) -> Any:
+        """A tool's step: its method with the validated arguments, its call key set."""
+        marker = _TOOL_CALL_KEY.set(f"{self.step_key.rsplit(':', 1)[0]}:{call_id}")
+        try:
+            value = getattr(self, method)(**arguments)
+            if inspect.isawaitable(value):
+                value = await value
+            return value
+        finally:
+            _TOOL_CALL_KEY.reset(marker)
+
+
+def _as_text(value: Any) -> str:
+    """A tool's value as the ``tool`` message's content: text as it is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+

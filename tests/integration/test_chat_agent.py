@@ -1,0 +1,161 @@
+"""``rf.ChatAgent`` on a real fleet, on both ledger stores, against ``rf.testing.ScriptedModelServer``.
+
+The model loop with own tools (validated arguments, parallel calls run at once, errors
+told to the model, one result per call id), the conversation kept in State, journaled
+model calls that a retried turn does not repeat, the iteration limit, and the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, ClassVar
+
+import rayfleet as rf
+from rayfleet.testing import ScriptedModelServer, ScriptedReply
+
+
+def desk(url: str, **settings: Any) -> type[rf.ChatAgent]:
+    """A support desk agent on the model at ``url`` (defined here: the URL is known only at run time)."""
+
+    class Desk(rf.ChatAgent):
+        model = rf.Model("scripted", base_url=url)
+        instructions = "You answer order questions."
+        max_iterations = settings.get("max_iterations", 8)
+
+        class State(rf.ChatAgent.State):
+            keys: list[str] = []
+
+        arrived: ClassVar[set[str]] = set()
+        attempts: ClassVar[dict[str, int]] = {}
+
+        @rf.tool
+        async def order_status(self, order_id: int) -> str:
+            """Look up the status of an order.
+
+            Args:
+                order_id: the order's number, as the customer gave it.
+            """
+            self.state.keys = [*self.state.keys, self.tool_call_key]
+            return f"order {order_id}: shipped"
+
+        @rf.tool(idempotent=True)
+        async def meet(self, side: str) -> str:
+            """Wait (up to 20 s) for the other side's call: both arrive only if the two calls run at once."""
+            Desk.arrived.add(side)
+            for _ in range(200):
+                if len(Desk.arrived) >= 2:
+                    return "met"
+                await asyncio.sleep(0.1)
+            return "alone"
+
+        @rf.handler
+        async def tool_keys(self) -> list[str]:
+            return self.state.keys
+
+        @rf.tool
+        def explode(self) -> str:
+            """Fail."""
+            raise ValueError("boom")
+
+        @rf.tool(idempotent=True)
+        def flaky(self) -> dict[str, int]:
+            """Fail with a retryable error on the first attempt of each call, then answer."""
+            count = Desk.attempts[self.tool_call_key] = Desk.attempts.get(self.tool_call_key, 0) + 1
+            if count == 1:
+                raise rf.RetryableError("not yet")
+            return {"attempts": count}
+
+    return Desk
+
+
+def tool_messages(request: dict[str, Any]) -> dict[str, str]:
+    return {m["tool_call_id"]: m["content"] for m in request["messages"] if m["role"] == "tool"}
+
+
+def test_the_loop_runs_tools_at_once_tells_the_model_every_outcome_and_keeps_the_conversation(
+        make_any_fleet: Any) -> None:
+    calls = [rf.ToolCall("c1", "order_status", '{"order_id": 42}'), rf.ToolCall("c2", "meet", '{"side": "a"}'),
+             rf.ToolCall("c3", "meet", '{"side": "b"}'), rf.ToolCall("c4", "refund", "{}"),
+             rf.ToolCall("c5", "order_status", '{"order_id": "forty-two"}'), rf.ToolCall("c6", "explode", "{}"),
+             rf.ToolCall("c7", "order_status", '{"order_id": ')]
+    script = [ScriptedReply(tool_calls=calls), "Order 42 has shipped.", "You asked about order 42."]
+    with ScriptedModelServer(script) as server:
+        fleet = make_any_fleet(hosts=1)
+        ref = fleet.spawn("desk/anna", desk(server.url))
+        assert ref.call("chat", message="Where is order 42?") == "Order 42 has shipped."
+        assert ref.call("chat", message="What did I ask?") == "You asked about order 42."
+        keys = ref.call("tool_keys")
+        first, second, third = server.requests
+
+    assert first["messages"] == [{"role": "system", "content": "You answer order questions."},
+                                 {"role": "user", "content": "Where is order 42?"}]
+    assert first["tool_choice"] == "auto" and first["stream"] is True
+    order_status = next(t["function"] for t in first["tools"] if t["function"]["name"] == "order_status")
+    assert order_status["description"] == "Look up the status of an order."
+    assert order_status["parameters"]["properties"]["order_id"]["type"] == "integer"
+    assert order_status["parameters"]["properties"]["order_id"]["description"] == \
+        "the order's number, as the customer gave it."
+    assert order_status["parameters"]["required"] == ["order_id"]
+
+    results = tool_messages(second)
+    assert list(results) == ["c1", "c2", "c3", "c4", "c5", "c6", "c7"], "one result per call id, in the model's order"
+    assert results["c1"] == "order 42: shipped"
+    assert results["c2"] == results["c3"] == "met", "the two calls ran at once"
+    assert results["c4"].startswith("error: there is no tool named 'refund'")
+    assert results["c5"].startswith("error: invalid arguments for tool order_status: order_id:")
+    assert results["c6"] == "error: ValueError: boom"
+    assert results["c7"].startswith("error: the arguments of tool call c7 (order_status) are not JSON")
+    assistant = second["messages"][2]
+    assert assistant["role"] == "assistant" and [c["id"] for c in assistant["tool_calls"]] == [c.id for c in calls]
+
+    # The second turn starts from the kept conversation: both turns' messages, no second system message.
+    roles = [m["role"] for m in third["messages"]]
+    assert roles == ["system", "user", "assistant", *["tool"] * 7, "assistant", "user"]
+    assert third["messages"][-2] == {"role": "assistant", "content": "Order 42 has shipped."}
+    [key] = keys
+    assert key.startswith("desk/anna:") and key.endswith(":c1"), "identity:turn:tool_call_id"
+
+
+def test_a_retried_turn_does_not_call_the_model_again_for_a_journaled_reply_and_the_limit_ends_the_loop(
+        make_any_fleet: Any) -> None:
+    def model(body: dict[str, Any]) -> str | ScriptedReply:
+        asked = body["messages"][-1]
+        if body.get("tool_choice") == "none":
+            return "I stop here."
+        if asked["role"] == "user" and asked["content"] == "be flaky":
+            return ScriptedReply(tool_calls=[rf.ToolCall("f1", "flaky", "{}")])
+        if asked["role"] == "tool" and asked["tool_call_id"] == "f1":
+            return f"flaky said {asked['content']}"
+        return ScriptedReply(tool_calls=[rf.ToolCall(f"o{len(body['messages'])}", "order_status",
+                                                     '{"order_id": 1}')])
+
+    with ScriptedModelServer(model) as server:
+        fleet = make_any_fleet(hosts=1)
+        flaky = fleet.spawn("desk/flaky", desk(server.url))
+        assert flaky.call("chat", message="be flaky") == 'flaky said {"attempts": 2}'
+        # The tool's retryable failure retried the turn; its first model call came from the journal.
+        assert server.served == 2
+
+        limited = fleet.spawn("desk/limited", desk(server.url, max_iterations=3))
+        assert limited.call("chat", message="loop forever") == "I stop here."
+        asked = server.requests[2:]
+    assert [request.get("tool_choice") for request in asked] == ["auto", "auto", "none"]
+    assert all(m["role"] != "tool" or m["content"] == "order 1: shipped" for m in asked[-1]["messages"])
+
+
+def test_the_turn_streams_the_model_text_and_each_tool_call_and_its_result(make_any_fleet: Any) -> None:
+    script = [ScriptedReply(text="Let me check.", tool_calls=[rf.ToolCall("s1", "order_status", '{"order_id": 7}')]),
+              "Order 7 has shipped today."]
+    with ScriptedModelServer(script, chunk_delay=0.01) as server:
+        fleet = make_any_fleet(hosts=1)
+        ref = fleet.spawn("desk/streamed", desk(server.url))
+        handle = ref.start("chat", message="Order 7?")
+        events = list(handle.events())
+        assert handle.result(timeout=60) == "Order 7 has shipped today."
+    text = "".join(event.data for event in events if event.kind == "delta")
+    assert text == "Let me check.Order 7 has shipped today."
+    tool_events = [(event.kind, event.data) for event in events if event.kind in ("tool_call", "tool_result")]
+    assert tool_events == [("tool_call", {"id": "s1", "name": "order_status", "arguments": '{"order_id": 7}'}),
+                           ("tool_result", {"id": "s1", "name": "order_status", "result": "order 7: shipped"})]
+    assert events[-1].kind == "completed" and json.dumps(events[-1].data)
