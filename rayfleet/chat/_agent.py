@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import inspect
 import json
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 import pydantic
@@ -150,7 +151,10 @@ class ChatAgent(Agent):
             answer = reply.text
             if not reply.tool_calls:
                 break
-            results = await asyncio.gather(*(self._tool_result(call, refused=last) for call in reply.tool_calls))
+            # Approvals first, one after another, so no tool is mid-call while the turn is suspended.
+            rejected = {} if last else await self._approvals(reply.tool_calls)
+            results = await _together([self._tool_result(call, refused=last, rejected=rejected.get(call.id))
+                                       for call in reply.tool_calls])
             added.extend(ChatMessage.tool_result(call, result) for call, result in zip(reply.tool_calls, results,
                                                                                         strict=True))
         self.state.messages = [*self.state.messages, *(json.dumps(m.to_json()) for m in added)]
@@ -174,12 +178,36 @@ class ChatAgent(Agent):
             self._client = model.client()
         return self._client
 
-    async def _tool_result(self, call: ToolCall, *, refused: bool) -> str:
+    async def _approvals(self, calls: tuple[ToolCall, ...]) -> dict[str, str]:
+        """Ask for the approval of each call of an ``approval=True`` tool; the results of the rejected ones, by call id.
+
+        Calls whose tool is unknown or whose arguments do not validate are not put to
+        anyone: they fail as any call does.
+        """
+        rejected: dict[str, str] = {}
+        for call in calls:
+            spec = type(self).__rayfleet_tools__.get(call.name)
+            if spec is None or not spec.approval:
+                continue
+            try:
+                arguments = spec.validated(call.parsed_arguments())
+            except ValueError:
+                continue
+            decision = await self.approval(f"call {call.name}", data={"tool": call.name, "arguments": arguments,
+                                                                      "call_id": call.id})
+            if not decision.approved:
+                reason = f": {decision.comment}" if decision.comment else ""
+                rejected[call.id] = f"error: the call was rejected by {decision.by}{reason}; it did not run"
+        return rejected
+
+    async def _tool_result(self, call: ToolCall, *, refused: bool, rejected: str | None) -> str:
         """What the model is told of ``call``: its result, or what went wrong (a step when the tool runs)."""
         spec = type(self).__rayfleet_tools__.get(call.name)
         self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
         if refused:
             result = "error: the turn's model calls are used up; answer without tools"
+        elif rejected is not None:
+            result = rejected
         elif spec is None:
             known = ", ".join(sorted(type(self).__rayfleet_tools__)) or "none"
             result = f"error: there is no tool named {call.name!r}; the tools are: {known}"
@@ -220,6 +248,22 @@ class ChatAgent(Agent):
             return value
         finally:
             _TOOL_CALL_KEY.reset(marker)
+
+
+async def _together(calls: list[Coroutine[Any, Any, str]]) -> list[str]:
+    """Run ``calls`` at once, their results in order; the first to fail cancels the others and is raised.
+
+    Unlike ``asyncio.gather``, no call goes on running after the turn stopped (its lease
+    lost, an interrupt): a tool left running would act for a turn that is over.
+    """
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _as_text(value: Any) -> str:

@@ -31,19 +31,23 @@ class ToolMarker:
     name: str | None
     description: str | None
     idempotent: bool
+    approval: bool
 
 
 def tool(fn: F | None = None, /, *, name: str | None = None, description: str | None = None,
-         idempotent: bool = False) -> Any:
+         idempotent: bool = False, approval: bool = False) -> Any:
     """Offer a method of an ``rf.ChatAgent`` to its model as a tool.
 
-    ``@rf.tool`` or ``@rf.tool(name=..., description=..., idempotent=True)``. The
+    ``@rf.tool`` or ``@rf.tool(name=..., description=..., idempotent=True, approval=True)``. The
     tool's name is the method's (or ``name``), its description the docstring's first
     paragraph (or ``description``), its parameters the method's, with each one's line
     of the docstring's ``Args:`` section. Each call runs as a durable step: a call the
     journal holds completed is never run again. A call started whose outcome was never
     journaled (its host stopped) runs again when the tool is ``idempotent``; otherwise
-    the model is told its outcome is unknown.
+    the model is told its outcome is unknown. A tool with ``approval=True`` runs only once
+    a person approved the call (``fleet.approvals``): the turn suspends on an approval
+    whose data names the tool, its arguments and the call id; a rejection is the call's
+    result.
 
     Raises:
         InvalidSpecError: a name the protocol refuses (letters, digits, ``_`` and ``-``,
@@ -52,7 +56,8 @@ def tool(fn: F | None = None, /, *, name: str | None = None, description: str | 
     def mark(method: F) -> F:
         if not callable(method):
             raise InvalidSpecError(f"@rf.tool marks a method, got {method!r}", field="tool")
-        setattr(method, TOOL_MARKER, ToolMarker(name=name, description=description, idempotent=idempotent))
+        setattr(method, TOOL_MARKER, ToolMarker(name=name, description=description, idempotent=idempotent,
+                                                approval=approval))
         return method
 
     return mark(fn) if fn is not None else mark
@@ -68,6 +73,7 @@ class ToolSpec:
     arguments: type[pydantic.BaseModel]
     method: str
     idempotent: bool
+    approval: bool
 
     def definition(self) -> dict[str, Any]:
         """The tool as a request's ``tools`` lists it."""
@@ -140,7 +146,7 @@ def _spec(cls: type, attribute: str, method: Callable[..., Any], marker: ToolMar
                                field="tools") from None
     parameters.pop("title", None)
     return ToolSpec(name=name, description=marker.description or summary or name, parameters=parameters,
-                    arguments=arguments, method=attribute, idempotent=marker.idempotent)
+                    arguments=arguments, method=attribute, idempotent=marker.idempotent, approval=marker.approval)
 
 
 def _docstring(doc: str) -> tuple[str, dict[str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, ClassVar
 
 import rayfleet as rf
@@ -57,6 +58,12 @@ def desk(url: str, **settings: Any) -> type[rf.ChatAgent]:
         def explode(self) -> str:
             """Fail."""
             raise ValueError("boom")
+
+        @rf.tool(approval=True)
+        async def refund(self, order_id: int, eur: int) -> str:
+            """Refund an order (a person approves each refund)."""
+            self.state.keys = [*self.state.keys, self.tool_call_key]
+            return f"refunded {eur} EUR for order {order_id}"
 
         @rf.tool(idempotent=True)
         def flaky(self) -> dict[str, int]:
@@ -159,3 +166,38 @@ def test_the_turn_streams_the_model_text_and_each_tool_call_and_its_result(make_
     assert tool_events == [("tool_call", {"id": "s1", "name": "order_status", "arguments": '{"order_id": 7}'}),
                            ("tool_result", {"id": "s1", "name": "order_status", "result": "order 7: shipped"})]
     assert events[-1].kind == "completed" and json.dumps(events[-1].data)
+
+
+def pending_approval(fleet: rf.Fleet, identity: str) -> rf.ApprovalInfo:
+    for _ in range(600):
+        pending = fleet.approvals.list(identity=identity)
+        if pending:
+            return pending[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no approval of {identity} came")
+
+
+def test_a_tool_that_needs_approval_suspends_the_turn_until_a_person_decides_and_a_rejection_is_its_result(
+        make_any_fleet: Any) -> None:
+    calls = [rf.ToolCall("r1", "refund", '{"order_id": 1, "eur": 5}'),
+             rf.ToolCall("r2", "refund", '{"order_id": 2, "eur": 900}'),
+             rf.ToolCall("r3", "order_status", '{"order_id": 3}')]
+    with ScriptedModelServer([ScriptedReply(tool_calls=calls), "One refund done, one refused."]) as server:
+        fleet = make_any_fleet(hosts=1)
+        ref = fleet.spawn("desk/refunds", desk(server.url))
+        handle = ref.start("chat", message="Refund orders 1 and 2, and check 3.")
+        first = pending_approval(fleet, "desk/refunds")
+        assert first.subject == "call refund" and first.data == {"tool": "refund", "arguments": {"order_id": 1, "eur": 5},
+                                                                 "call_id": "r1"}
+        fleet.approvals.resolve(first.id, approved=True, by="manager")
+        second = pending_approval(fleet, "desk/refunds")
+        assert second.data["call_id"] == "r2"
+        fleet.approvals.resolve(second.id, approved=False, by="manager", comment="over the limit")
+        assert handle.result(timeout=60) == "One refund done, one refused."
+        keys = ref.call("tool_keys")
+        assert server.served == 2, "the suspended turn's model call came from the journal when it resumed"
+        results = tool_messages(server.requests[1])
+    assert results == {"r1": "refunded 5 EUR for order 1",
+                       "r2": "error: the call was rejected by manager: over the limit; it did not run",
+                       "r3": "order 3: shipped"}
+    assert [key.rsplit(":", 1)[1] for key in keys] == ["r1", "r3"], "the rejected refund never ran"

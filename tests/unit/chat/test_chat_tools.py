@@ -52,7 +52,7 @@ def test_a_tool_is_described_from_its_signature_and_docstring() -> None:
     assert "title" not in find["parameters"]
     stock = tools["check-stock"]
     assert stock.description == "How many are left." and stock.idempotent and stock.method == "stock"
-    assert not tools["find"].idempotent
+    assert not tools["find"].idempotent and not tools["find"].approval
 
 
 def test_arguments_are_validated_with_a_message_the_model_can_act_on() -> None:
