@@ -19,7 +19,7 @@ import asyncio
 import contextvars
 import inspect
 import json
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar
 
 import pydantic
@@ -30,6 +30,7 @@ from ..identity._handlers import Reply, State, Usage, handler
 from ..llm._chat import ChatClient
 from ..llm._values import ChatMessage, ChatReply, ToolCall, coerce_messages
 from ._model import Model
+from ._peers import PeerTool
 from ._tools import ToolSpec, tools_of
 
 RESULT_EVENT_CHARS = 4096
@@ -71,6 +72,7 @@ class ChatAgent(Agent):
 
     State: ClassVar[type[State]] = ChatState
     model: ClassVar[Model | None] = None
+    tools: ClassVar[Sequence[PeerTool]] = ()
     instructions: ClassVar[str] = ""
     max_iterations: ClassVar[int] = 8
     stream: ClassVar[bool] = True
@@ -98,11 +100,20 @@ class ChatAgent(Agent):
         if isinstance(cls.max_iterations, bool) or not isinstance(cls.max_iterations, int) or cls.max_iterations < 1:
             raise InvalidSpecError(f"{where}.max_iterations must be an integer >= 1, got {cls.max_iterations!r}",
                                    field="max_iterations")
+        if isinstance(cls.tools, (str, bytes)) or not all(isinstance(t, PeerTool) for t in cls.tools):
+            raise InvalidSpecError(f"{where}.tools must be a list of rf.peer_tool(...), got {cls.tools!r} (an "
+                                   f"agent's own methods are tools with @rf.tool)", field="tools")
+        names = [*cls.__rayfleet_tools__, *(t.tool_name for t in cls.tools)]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise InvalidSpecError(f"{where} offers more than one tool named {', '.join(repeated)}; give a peer "
+                                   f"tool another with rf.peer_tool(..., name=...)", field="tools")
 
     def __init__(self) -> None:
         type(self)._check_definition()
         super().__init__()
         self._client: ChatClient | None = None
+        self._peer_tools: dict[str, ToolSpec] | None = None
 
     # -- what a subclass and its tools can read
 
@@ -135,7 +146,8 @@ class ChatAgent(Agent):
         kept = self.conversation()
         added: list[ChatMessage] = [ChatMessage("user", message)]
         system = [ChatMessage("system", cls.instructions)] if cls.instructions else []
-        tools = [spec.definition() for spec in cls.__rayfleet_tools__.values()]
+        specs = {**cls.__rayfleet_tools__, **await self._resolved_peer_tools()}
+        tools = [spec.definition() for spec in specs.values()]
         usage = Usage()
         answer = ""
         for iteration in range(cls.max_iterations):
@@ -152,8 +164,8 @@ class ChatAgent(Agent):
             if not reply.tool_calls:
                 break
             # Approvals first, one after another, so no tool is mid-call while the turn is suspended.
-            rejected = {} if last else await self._approvals(reply.tool_calls)
-            results = await _together([self._tool_result(call, refused=last, rejected=rejected.get(call.id))
+            rejected = {} if last else await self._approvals(specs, reply.tool_calls)
+            results = await _together([self._tool_result(specs, call, refused=last, rejected=rejected.get(call.id))
                                        for call in reply.tool_calls])
             added.extend(ChatMessage.tool_result(call, result) for call, result in zip(reply.tool_calls, results,
                                                                                         strict=True))
@@ -178,7 +190,22 @@ class ChatAgent(Agent):
             self._client = model.client()
         return self._client
 
-    async def _approvals(self, calls: tuple[ToolCall, ...]) -> dict[str, str]:
+    async def _resolved_peer_tools(self) -> dict[str, ToolSpec]:
+        """The class's peer tools, described from their peers' handlers (read once per activation).
+
+        Raises:
+            InvalidSpecError: a peer has no such handler.
+            UnknownIdentityError: a peer does not exist.
+        """
+        if self._peer_tools is None:
+            context = self._context("tools")
+            specs = {}
+            for peer in type(self).tools:
+                specs[peer.tool_name] = peer.spec(await context.peer_handler(peer.target, peer.method))
+            self._peer_tools = specs
+        return self._peer_tools
+
+    async def _approvals(self, specs: dict[str, ToolSpec], calls: tuple[ToolCall, ...]) -> dict[str, str]:
         """Ask for the approval of each call of an ``approval=True`` tool; the results of the rejected ones, by call id.
 
         Calls whose tool is unknown or whose arguments do not validate are not put to
@@ -186,7 +213,7 @@ class ChatAgent(Agent):
         """
         rejected: dict[str, str] = {}
         for call in calls:
-            spec = type(self).__rayfleet_tools__.get(call.name)
+            spec = specs.get(call.name)
             if spec is None or not spec.approval:
                 continue
             try:
@@ -200,16 +227,17 @@ class ChatAgent(Agent):
                 rejected[call.id] = f"error: the call was rejected by {decision.by}{reason}; it did not run"
         return rejected
 
-    async def _tool_result(self, call: ToolCall, *, refused: bool, rejected: str | None) -> str:
+    async def _tool_result(self, specs: dict[str, ToolSpec], call: ToolCall, *, refused: bool,
+                           rejected: str | None) -> str:
         """What the model is told of ``call``: its result, or what went wrong (a step when the tool runs)."""
-        spec = type(self).__rayfleet_tools__.get(call.name)
+        spec = specs.get(call.name)
         self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
         if refused:
             result = "error: the turn's model calls are used up; answer without tools"
         elif rejected is not None:
             result = rejected
         elif spec is None:
-            known = ", ".join(sorted(type(self).__rayfleet_tools__)) or "none"
+            known = ", ".join(sorted(specs)) or "none"
             result = f"error: there is no tool named {call.name!r}; the tools are: {known}"
         else:
             try:
@@ -225,7 +253,7 @@ class ChatAgent(Agent):
         # The step is taken before this coroutine's first await, so concurrent calls take
         # their journal positions in the order the model listed them, on every replay.
         try:
-            value = await self.step(f"tool:{call.id}", self._invoke, spec.method, call.id, arguments,
+            value = await self.step(f"tool:{call.id}", self._invoke, spec, call.id, arguments,
                                     policy="retry" if spec.idempotent else "unknown")
         except StepOutcomeUnknownError:
             return (f"error: the outcome of this call is unknown (it was started, then its host stopped before it "
@@ -238,11 +266,14 @@ class ChatAgent(Agent):
             return f"error: {type(error).__name__}: {error}"
         return _as_text(value)
 
-    async def _invoke(self, method: str, call_id: str, arguments: dict[str, Any]) -> Any:
-        """A tool's step: its method with the validated arguments, its call key set."""
-        marker = _TOOL_CALL_KEY.set(f"{self.step_key.rsplit(':', 1)[0]}:{call_id}")
+    async def _invoke(self, spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> Any:
+        """A tool's step: its method with the validated arguments, its call key set; a peer's, keyed by it."""
+        key = f"{self.step_key.rsplit(':', 1)[0]}:{call_id}"
+        if spec.peer is not None:
+            return await self._context("tools").send_keyed(spec.peer, spec.method, key, arguments)
+        marker = _TOOL_CALL_KEY.set(key)
         try:
-            value = getattr(self, method)(**arguments)
+            value = getattr(self, spec.method)(**arguments)
             if inspect.isawaitable(value):
                 value = await value
             return value

@@ -22,7 +22,7 @@ from ..errors import InvalidSpecError
 F = TypeVar("F", bound=Callable[..., Any])
 
 TOOL_MARKER = "__rayfleet_tool__"
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ARG_LINE = re.compile(r"^(?P<name>\w+)\s*(\([^)]*\))?\s*:\s*(?P<text>.*)$")
 
 
@@ -74,6 +74,8 @@ class ToolSpec:
     method: str
     idempotent: bool
     approval: bool
+    peer: str | None = None
+    """The agent whose handler ``method`` the tool calls; ``None``: the agent's own method."""
 
     def definition(self) -> dict[str, Any]:
         """The tool as a request's ``tools`` lists it."""
@@ -118,7 +120,7 @@ def tools_of(cls: type) -> dict[str, ToolSpec]:
 def _spec(cls: type, attribute: str, method: Callable[..., Any], marker: ToolMarker) -> ToolSpec:
     name = marker.name or attribute
     where = f"{cls.__qualname__}.{attribute}"
-    if not _NAME.match(name):
+    if not NAME_PATTERN.match(name):
         raise InvalidSpecError(f"tool {where} needs a name of letters, digits, '_' or '-' (at most 64), got {name!r}",
                                field="tools")
     summary, documented = _docstring(inspect.getdoc(method) or "")
@@ -149,10 +151,15 @@ def _spec(cls: type, attribute: str, method: Callable[..., Any], marker: ToolMar
                     arguments=arguments, method=attribute, idempotent=marker.idempotent, approval=marker.approval)
 
 
+def summary_of(doc: str) -> str:
+    """The first paragraph of a docstring, on one line."""
+    paragraphs = doc.strip().split("\n\n")
+    return " ".join(paragraphs[0].split()) if paragraphs and paragraphs[0] else ""
+
+
 def _docstring(doc: str) -> tuple[str, dict[str, str]]:
     """The first paragraph of ``doc``, and each parameter's text in its Google-style ``Args:`` section."""
-    paragraphs = doc.strip().split("\n\n")
-    summary = " ".join(paragraphs[0].split()) if paragraphs and paragraphs[0] else ""
+    summary = summary_of(doc)
     documented: dict[str, str] = {}
     current: str | None = None
     entry_indent: int | None = None  # the indentation of the section's entries; deeper lines continue one

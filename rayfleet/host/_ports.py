@@ -151,7 +151,10 @@ NO_METRICS: HostMetrics = _NoMetrics()
 class Router(Protocol):
     """How an agent reaches another agent (``await self.send(peer, ...)``), and the platform an identity's owner."""
 
-    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any: ...
+    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any],
+                   idempotency_key: str | None = None) -> Any:
+        """A turn of ``target``'s handler ``method`` for ``sender``; under ``idempotency_key``, at most once."""
+        ...
 
     async def deliver(self, envelope: Envelope) -> Any:
         """Deliver ``envelope`` from the platform (a wake, a timer's firing) to its identity's owner.

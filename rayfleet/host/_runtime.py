@@ -115,6 +115,7 @@ from ..errors import (
     UnknownIdentityError,
 )
 from ..identity._agent import AgentSpec
+from ..identity._handlers import HandlerInfo
 from ..identity._values import (
     DEFAULT_IDLE_TIMEOUT,
     PERSISTED_BROKEN,
@@ -251,6 +252,16 @@ class _AgentContext:
 
     async def send(self, peer: str, method: str, /, **kwargs: Any) -> Any:
         return await self._runtime.send_from(self._entry.spec.identity, peer, method, kwargs)
+
+    async def send_keyed(self, peer: str, method: str, idempotency_key: str, kwargs: Mapping[str, Any]) -> Any:
+        return await self._runtime.send_from(self._entry.spec.identity, peer, method, kwargs,
+                                             idempotency_key=idempotency_key)
+
+    async def peer_handler(self, peer: str, method: str) -> HandlerInfo | None:
+        view = (await self._runtime._ledger.resolve([peer])).get(peer)
+        if view is None:
+            raise UnknownIdentityError(identity=peer)
+        return self._runtime._spec(view).agent_class.__rayfleet_handlers__.get(method)
 
     async def checkpoint(self) -> int:
         # Called from inside a turn, which already holds the turn lock.
@@ -495,13 +506,15 @@ class HostRuntime:
     def is_active(self, identity: str) -> bool:
         return identity in self._entries
 
-    async def send_from(self, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any:
+    async def send_from(self, sender: str, target: str, method: str, kwargs: Mapping[str, Any], *,
+                        idempotency_key: str | None = None) -> Any:
         entry = self._entries.get(sender)
         if entry is not None and entry.spec.topology is TopologyPolicy.ENFORCED and target not in entry.peers:
             raise NotWiredError(sender=sender, target=target)
         if self._router is None:
             raise RuntimeError("this host has no router; agents cannot send to peers here")
-        return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs)
+        return await self._router.send(sender=sender, target=target, method=method, kwargs=kwargs,
+                                       idempotency_key=idempotency_key)
 
     async def _fenced_write(self, entry: HostedAgent, what: str, write: Callable[[int], Awaitable[T]]) -> T:
         """Run one fenced ledger write for ``entry``; ``write`` gets the token to present.

@@ -53,6 +53,16 @@ class AgentContext(Protocol):
 
     def send(self, peer: str, method: str, /, **kwargs: Any) -> Awaitable[Any]: ...
 
+    def send_keyed(self, peer: str, method: str, idempotency_key: str, kwargs: Mapping[str, Any]) -> Awaitable[Any]:
+        """As :meth:`send`, under ``idempotency_key``: a re-send with the same key gets the first reply."""
+        ...
+
+    def peer_handler(self, peer: str, method: str) -> Awaitable[HandlerInfo | None]:
+        """How ``peer``'s handler ``method`` is called (its arguments model), or ``None`` when it has none.
+
+        Raises ``UnknownIdentityError`` when no agent has that identity."""
+        ...
+
     def checkpoint(self) -> Awaitable[int]: ...
 
     def set_timer(self, timer: TimerSpec) -> Awaitable[None]:

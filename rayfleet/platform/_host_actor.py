@@ -145,7 +145,8 @@ class _HostRouter:
     def __init__(self, host: AgentHost) -> None:
         self._host = host
 
-    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any]) -> Any:
+    async def send(self, *, sender: str, target: str, method: str, kwargs: Mapping[str, Any],
+                   idempotency_key: str | None = None) -> Any:
         if target == sender:
             raise InvalidSpecError(
                 f"{sender!r} sent {method!r} to itself; a handler cannot wait for its own turn. "
@@ -163,7 +164,7 @@ class _HostRouter:
         if timeout <= 0:
             raise DeadlineExceededError(identity=target, method=method, timeout=0.0)
         envelope = Envelope(target=target, method=method, kwargs=dict(kwargs), sender=sender, deadline=deadline,
-                            chain=chain)
+                            chain=chain, idempotency_key=idempotency_key)
         runtime = self._host.runtime
         if runtime.is_active(target):
             try:

@@ -12,6 +12,8 @@ import json
 import time
 from typing import Any, ClassVar
 
+import pytest
+
 import rayfleet as rf
 from rayfleet.testing import ScriptedModelServer, ScriptedReply
 
@@ -201,3 +203,53 @@ def test_a_tool_that_needs_approval_suspends_the_turn_until_a_person_decides_and
                        "r2": "error: the call was rejected by manager: over the limit; it did not run",
                        "r3": "order 3: shipped"}
     assert [key.rsplit(":", 1)[1] for key in keys] == ["r1", "r3"], "the rejected refund never ran"
+
+
+class Billing(rf.Agent):
+    class State(rf.State):
+        refunded: int = 0
+
+    @rf.handler
+    async def refund(self, order_id: int, eur: int, reason: str = "") -> str:
+        """Refund an order in full or in part."""
+        if eur > 100:
+            raise ValueError(f"{eur} EUR is over the desk's limit")
+        self.state.refunded += eur
+        return f"refund {order_id}: {eur} EUR (total {self.state.refunded})"
+
+
+def test_a_peer_tool_calls_another_agents_handler_described_by_its_own_signature(make_any_fleet: Any) -> None:
+    calls = [rf.ToolCall("p1", "refund", '{"order_id": 1, "eur": 20}'),
+             rf.ToolCall("p2", "refund", '{"order_id": 2, "eur": 500}'),
+             rf.ToolCall("p3", "refund", '{"order_id": "two"}')]
+    with ScriptedModelServer([ScriptedReply(tool_calls=calls), "Refunded order 1."]) as server:
+        class Front(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url)
+            tools = [rf.peer_tool("billing/eu", Billing.refund)]
+
+        class Lost(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url)
+            tools = [rf.peer_tool("billing/nowhere", "refund")]
+
+        class Wrong(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url)
+            tools = [rf.peer_tool("billing/eu", "refnud")]
+
+        fleet = make_any_fleet(hosts=1)
+        fleet.spawn("billing/eu", Billing)
+        assert fleet.spawn("front/1", Front).call("chat", message="refund please") == "Refunded order 1."
+        request, follow_up = server.requests
+        with pytest.raises(rf.HandlerError, match="unknown identity 'billing/nowhere'"):
+            fleet.spawn("front/lost", Lost).call("chat", message="refund please")
+        with pytest.raises(rf.HandlerError, match="has no handler 'refnud'"):
+            fleet.spawn("front/wrong", Wrong).call("chat", message="refund please")
+        assert server.served == 2, "a turn whose tools cannot be described calls no model"
+
+    [described] = [t["function"] for t in request["tools"]]
+    assert described["name"] == "refund" and described["description"] == "Refund an order in full or in part."
+    assert set(described["parameters"]["properties"]) == {"order_id", "eur", "reason"}
+    assert described["parameters"]["required"] == ["order_id", "eur"]
+    results = tool_messages(follow_up)
+    assert results["p1"] == "refund 1: 20 EUR (total 20)"
+    assert results["p2"].startswith("error: HandlerError") and "over the desk's limit" in results["p2"]
+    assert results["p3"].startswith("error: invalid arguments for tool refund: ")

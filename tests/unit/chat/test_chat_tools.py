@@ -137,3 +137,30 @@ def test_a_model_takes_what_it_lacks_from_the_environment(monkeypatch: pytest.Mo
     assert (client.url, client.model, client.timeout) == ("http://127.0.0.1:9/v1/chat/completions", "from-env", 5.0)
     assert client._headers(stream=False)["Authorization"] == "Bearer sk-env"
     assert rf.Model("explicit").client().model == "explicit"
+
+
+def test_peer_tools_are_checked_when_made_and_when_the_class_is_defined() -> None:
+    class Billing(rf.Agent):
+        @rf.handler
+        async def refund(self, eur: int) -> str:
+            return f"{eur}"
+
+    made = rf.peer_tool("billing/eu", Billing.refund, approval=True)
+    assert (made.target, made.method, made.tool_name, made.approval) == ("billing/eu", "refund", "refund", True)
+    assert rf.peer_tool("billing/eu", "refund", name="refund-eu").tool_name == "refund-eu"
+    with pytest.raises(rf.InvalidSpecError, match="identity"):
+        rf.peer_tool("", "refund")
+    with pytest.raises(rf.InvalidSpecError, match="a tool name is letters"):
+        rf.peer_tool("billing/eu", "refund", name="refund money")
+    with pytest.raises(rf.InvalidSpecError, match=r"tools must be a list of rf.peer_tool"):
+        class OwnInTools(rf.ChatAgent):
+            model = MODEL
+            tools = ["refund"]  # type: ignore[list-item]
+    with pytest.raises(rf.InvalidSpecError, match=r"more than one tool named find"):
+        class Clash(Shop):
+            tools = [rf.peer_tool("search/web", "find")]
+    spec = made.spec(Billing.__rayfleet_handlers__["refund"])
+    assert spec.peer == "billing/eu" and spec.idempotent and spec.approval
+    assert spec.parameters["properties"]["eur"]["type"] == "integer"
+    with pytest.raises(rf.InvalidSpecError, match="has no handler 'refund'"):
+        made.spec(None)
