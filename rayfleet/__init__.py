@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import _version
 from .chat._agent import ChatAgent as ChatAgent
 from .chat._model import Model as Model
+from .chat._peers import handoff as handoff
 from .chat._peers import peer_tool as peer_tool
 from .chat._tools import tool as tool
 from .checkpoints._export import ExportReport as ExportReport
@@ -162,6 +163,7 @@ __all__ = [
     "ChatStream",
     "Model",
     "ToolCall",
+    "handoff",
     "peer_tool",
     "reply_with_usage",
     "tool",

@@ -30,7 +30,7 @@ from ..identity._handlers import Reply, State, Usage, handler
 from ..llm._chat import ChatClient
 from ..llm._values import ChatMessage, ChatReply, ToolCall, coerce_messages
 from ._model import Model
-from ._peers import PeerTool
+from ._peers import Handoff, PeerTool
 from ._tools import ToolSpec, tools_of
 
 RESULT_EVENT_CHARS = 4096
@@ -72,7 +72,7 @@ class ChatAgent(Agent):
 
     State: ClassVar[type[State]] = ChatState
     model: ClassVar[Model | None] = None
-    tools: ClassVar[Sequence[PeerTool]] = ()
+    tools: ClassVar[Sequence[PeerTool | Handoff]] = ()
     instructions: ClassVar[str] = ""
     max_iterations: ClassVar[int] = 8
     stream: ClassVar[bool] = True
@@ -100,9 +100,9 @@ class ChatAgent(Agent):
         if isinstance(cls.max_iterations, bool) or not isinstance(cls.max_iterations, int) or cls.max_iterations < 1:
             raise InvalidSpecError(f"{where}.max_iterations must be an integer >= 1, got {cls.max_iterations!r}",
                                    field="max_iterations")
-        if isinstance(cls.tools, (str, bytes)) or not all(isinstance(t, PeerTool) for t in cls.tools):
-            raise InvalidSpecError(f"{where}.tools must be a list of rf.peer_tool(...), got {cls.tools!r} (an "
-                                   f"agent's own methods are tools with @rf.tool)", field="tools")
+        if isinstance(cls.tools, (str, bytes)) or not all(isinstance(t, (PeerTool, Handoff)) for t in cls.tools):
+            raise InvalidSpecError(f"{where}.tools must be a list of rf.peer_tool(...) and rf.handoff(...), got "
+                                   f"{cls.tools!r} (an agent's own methods are tools with @rf.tool)", field="tools")
         names = [*cls.__rayfleet_tools__, *(t.tool_name for t in cls.tools)]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
@@ -142,9 +142,31 @@ class ChatAgent(Agent):
     @handler
     async def chat(self, message: str) -> Reply:
         """Answer ``message``, calling tools as the model asks; returns the answer and the turn's usage."""
+        answer, usage = await self._converse([ChatMessage("user", message)])
+        return Reply(answer, usage=usage)
+
+    @handler
+    async def take_over(self, conversation: list[dict[str, Any]], note: str = "", by: str = "") -> dict[str, Any]:
+        """Go on with a conversation another agent handed over (``rf.handoff``); returns the answer and usage.
+
+        The conversation's user and assistant texts join this agent's own, with a
+        system message saying who handed it over and their ``note``; this agent's
+        model answers the last user message, with this agent's tools.
+        """
+        handed = [m for m in coerce_messages(conversation) if m.role in ("user", "assistant") and not m.tool_calls
+                  and m.content] if conversation else []
+        told = f"{by or 'another agent'} handed this conversation over to you" + (f": {note}" if note else "")
+        answer, usage = await self._converse([*handed, ChatMessage("system", f"{told}. Answer the user's last "
+                                                                             f"message.")])
+        return {"answer": answer, "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+
+    async def _converse(self, added: list[ChatMessage]) -> tuple[str, Usage]:
+        """The loop over the kept conversation and ``added``; the answer and the tokens the turn's model calls took.
+
+        ``added`` grows with the turn's messages, which join the kept conversation at the end.
+        """
         cls = type(self)
         kept = self.conversation()
-        added: list[ChatMessage] = [ChatMessage("user", message)]
         system = [ChatMessage("system", cls.instructions)] if cls.instructions else []
         specs = {**cls.__rayfleet_tools__, **await self._resolved_peer_tools()}
         tools = [spec.definition() for spec in specs.values()]
@@ -157,20 +179,33 @@ class ChatAgent(Agent):
                 params = {"tools": tools, "tool_choice": "none" if last else "auto"}
             reply: ChatReply = await self.step(f"model:{iteration}", self._complete,
                                                [m.to_json() for m in (*system, *kept, *added)], params)
-            usage = Usage(prompt_tokens=usage.prompt_tokens + reply.usage.prompt_tokens,
-                          completion_tokens=usage.completion_tokens + reply.usage.completion_tokens)
+            usage = _plus(usage, reply.usage)
             added.append(reply.message)
             answer = reply.text
             if not reply.tool_calls:
                 break
+            handoffs = [call for call in reply.tool_calls if (spec := specs.get(call.name)) and spec.handoff]
+            chosen = handoffs[0] if handoffs and not last else None
+            refusals = {call.id: f"error: one handoff per reply; the conversation goes to {specs[chosen.name].peer}"
+                        for call in handoffs if chosen is not None and call is not chosen}
+            others = [call for call in reply.tool_calls if call is not chosen]
             # Approvals first, one after another, so no tool is mid-call while the turn is suspended.
-            rejected = {} if last else await self._approvals(specs, reply.tool_calls)
-            results = await _together([self._tool_result(specs, call, refused=last, rejected=rejected.get(call.id))
-                                       for call in reply.tool_calls])
-            added.extend(ChatMessage.tool_result(call, result) for call, result in zip(reply.tool_calls, results,
-                                                                                        strict=True))
+            refusals |= {} if last else await self._approvals(specs, others)
+            results = dict(zip((call.id for call in others), await _together(
+                [self._tool_result(specs, call, refused=last, rejected=refusals.get(call.id)) for call in others]),
+                strict=True))
+            taken_over = None
+            if chosen is not None:
+                results[chosen.id], taken_over = await self._hand_over(specs[chosen.name], chosen, [*kept, *added])
+            added.extend(ChatMessage.tool_result(call, results[call.id]) for call in reply.tool_calls)
+            if taken_over is not None:
+                answer = str(taken_over.get("answer", ""))
+                usage = _plus(usage, Usage(prompt_tokens=int(taken_over.get("prompt_tokens", 0)),
+                                           completion_tokens=int(taken_over.get("completion_tokens", 0))))
+                added.append(ChatMessage("assistant", answer))
+                break
         self.state.messages = [*self.state.messages, *(json.dumps(m.to_json()) for m in added)]
-        return Reply(answer, usage=usage)
+        return answer, usage
 
     async def _complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> ChatReply:
         """One model call (a step's function): streamed as deltas when ``stream`` is set."""
@@ -190,6 +225,26 @@ class ChatAgent(Agent):
             self._client = model.client()
         return self._client
 
+    async def _hand_over(self, spec: ToolSpec, call: ToolCall,
+                         conversation: list[ChatMessage]) -> tuple[str, dict[str, Any] | None]:
+        """Hand the conversation to ``spec.peer`` (a step); the call's result, and the peer's answer if it took it."""
+        self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
+        try:
+            arguments = spec.validated(call.parsed_arguments())
+            taken = await self.step(f"tool:{call.id}", self._invoke, spec, call.id, {
+                "conversation": [m.to_json() for m in conversation], "by": self.identity, **arguments})
+        except (LeaseLostError, TurnError):
+            raise
+        except Exception as error:  # as for any tool: what went wrong is the model's to read
+            if is_retryable(error):
+                raise
+            result = f"error: {error}" if isinstance(error, ValueError) else f"error: {type(error).__name__}: {error}"
+            taken = None
+        else:
+            result = f"the conversation was handed over to {spec.peer}, who answered the user"
+        self.emit("tool_result", {"id": call.id, "name": call.name, "result": result[:RESULT_EVENT_CHARS]})
+        return result, taken
+
     async def _resolved_peer_tools(self) -> dict[str, ToolSpec]:
         """The class's peer tools, described from their peers' handlers (read once per activation).
 
@@ -201,11 +256,14 @@ class ChatAgent(Agent):
             context = self._context("tools")
             specs = {}
             for peer in type(self).tools:
-                specs[peer.tool_name] = peer.spec(await context.peer_handler(peer.target, peer.method))
+                if isinstance(peer, Handoff):
+                    specs[peer.tool_name] = peer.spec()  # checked when called: the model is told if it fails
+                else:
+                    specs[peer.tool_name] = peer.spec(await context.peer_handler(peer.target, peer.method))
             self._peer_tools = specs
         return self._peer_tools
 
-    async def _approvals(self, specs: dict[str, ToolSpec], calls: tuple[ToolCall, ...]) -> dict[str, str]:
+    async def _approvals(self, specs: dict[str, ToolSpec], calls: Sequence[ToolCall]) -> dict[str, str]:
         """Ask for the approval of each call of an ``approval=True`` tool; the results of the rejected ones, by call id.
 
         Calls whose tool is unknown or whose arguments do not validate are not put to
@@ -279,6 +337,11 @@ class ChatAgent(Agent):
             return value
         finally:
             _TOOL_CALL_KEY.reset(marker)
+
+
+def _plus(one: Usage, other: Usage) -> Usage:
+    return Usage(prompt_tokens=one.prompt_tokens + other.prompt_tokens,
+                 completion_tokens=one.completion_tokens + other.completion_tokens)
 
 
 async def _together(calls: list[Coroutine[Any, Any, str]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""``rf.peer_tool``: another agent's handler offered to a model as a tool, called exactly once per tool call.
+"""``rf.peer_tool`` and ``rf.handoff``: other agents offered to a model as tools, called exactly once per tool call.
 
 The tool's schema is the peer's handler's own arguments model, read from the peer's
 agent class on the host when a turn first needs it: the model sees what the handler
@@ -11,9 +11,12 @@ instead of a second turn.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pydantic
 
 from ..errors import InvalidSpecError
 from ..identity._handlers import HandlerInfo, handler_name
@@ -76,3 +79,61 @@ def peer_tool(target: str, method: str | Callable[..., Any], /, *, approval: boo
         raise InvalidSpecError(f"peer tool {tool.tool_name!r}: a tool name is letters, digits, '_' or '-' (at most "
                                f"64); pass name=", field="tools")
     return tool
+
+
+TAKE_OVER = "take_over"
+"""The ``rf.ChatAgent`` handler a handoff calls on the agent that takes the conversation over."""
+
+
+class HandoffArguments(pydantic.BaseModel):
+    """What a model passes when it hands a conversation over."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    note: str = pydantic.Field("", description="What the next agent should know that the conversation does not say.")
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """Another chat agent the conversation can be handed over to (made by :func:`handoff`)."""
+
+    target: str
+    name: str | None = None
+    description: str | None = None
+
+    @property
+    def tool_name(self) -> str:
+        return self.name or ("transfer_to_" + re.sub(r"[^A-Za-z0-9_-]", "_", self.target))[:64]
+
+    def spec(self) -> ToolSpec:
+        parameters = HandoffArguments.model_json_schema()
+        parameters.pop("title", None)
+        description = self.description or (f"Hand the conversation over to {self.target}, who answers the user "
+                                           f"from here on.")
+        return ToolSpec(name=self.tool_name, description=description, parameters=parameters,
+                        arguments=HandoffArguments, method=TAKE_OVER, idempotent=True, approval=False,
+                        peer=self.target, handoff=True)
+
+
+def handoff(target: str, /, *, name: str | None = None, description: str | None = None) -> Handoff:
+    """Let a ``rf.ChatAgent``'s model hand the conversation over to chat agent ``target``.
+
+    Offered as a tool (``transfer_to_<target>`` unless ``name``). When the model calls
+    it, ``target`` receives the conversation's user and assistant messages (not the tool
+    calls, which were this agent's) and answers from there in its own turn
+    (``take_over``); the calling turn returns that answer, with both turns' usage, and
+    makes no further model call. The call is a message under the tool call's key: exactly
+    once, also when the calling turn runs again after a failover. A handoff that fails
+    (an unknown identity, an agent that is not a chat agent) is told to the model as the
+    call's result, and the loop goes on. One handoff per model reply: another in the same
+    reply is refused.
+
+    Raises:
+        InvalidSpecError: a malformed identity or tool name.
+    """
+    validate_identity(target)
+    made = Handoff(target=target, name=name, description=description)
+    if not NAME_PATTERN.match(made.tool_name):
+        raise InvalidSpecError(f"handoff {made.tool_name!r}: a tool name is letters, digits, '_' or '-' (at most 64); "
+                               f"pass name=", field="tools")
+    return made

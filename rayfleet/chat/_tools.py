@@ -76,6 +76,8 @@ class ToolSpec:
     approval: bool
     peer: str | None = None
     """The agent whose handler ``method`` the tool calls; ``None``: the agent's own method."""
+    handoff: bool = False
+    """Calling it hands the conversation over to ``peer``, whose answer ends the turn."""
 
     def definition(self) -> dict[str, Any]:
         """The tool as a request's ``tools`` lists it."""

@@ -253,3 +253,53 @@ def test_a_peer_tool_calls_another_agents_handler_described_by_its_own_signature
     assert results["p1"] == "refund 1: 20 EUR (total 20)"
     assert results["p2"].startswith("error: HandlerError") and "over the desk's limit" in results["p2"]
     assert results["p3"].startswith("error: invalid arguments for tool refund: ")
+
+
+def test_a_handoff_continues_the_conversation_at_the_peer_whose_answer_ends_the_turn(make_any_fleet: Any) -> None:
+    def model(body: dict[str, Any]) -> str | ScriptedReply:
+        last = body["messages"][-1]
+        if last["role"] == "system" and "handed this conversation over to you" in last["content"]:
+            return "Escalations here: your refund is approved."
+        if last["role"] == "user" and last["content"] == "I want a manager":
+            return ScriptedReply(tool_calls=[
+                rf.ToolCall("h1", "transfer_to_support_escalations", '{"note": "customer is upset"}'),
+                rf.ToolCall("h2", "transfer_to_support_escalations", "{}")])
+        if last["role"] == "user" and last["content"] == "ask nobody":
+            return ScriptedReply(tool_calls=[rf.ToolCall("h3", "to_nobody", "{}")])
+        if last["role"] == "tool":
+            return "I will handle it myself."
+        return "Hello from the front desk."
+
+    with ScriptedModelServer(model) as server:
+        class Escalations(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url)
+            instructions = "You are the escalation desk."
+
+        class Front(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url)
+            instructions = "You are the front desk."
+            tools = [rf.handoff("support/escalations"), rf.handoff("support/nobody", name="to_nobody")]
+
+        fleet = make_any_fleet(hosts=1)
+        fleet.spawn("support/escalations", Escalations)
+        front = fleet.spawn("support/front", Front)
+        assert front.call("chat", message="hi") == "Hello from the front desk."
+        assert front.call("chat", message="I want a manager") == "Escalations here: your refund is approved."
+        assert server.served == 3, "the front desk made no model call after the handoff"
+        assert front.call("chat", message="ask nobody") == "I will handle it myself."
+        taken = server.requests[2]
+        refused = tool_messages(server.requests[4])
+
+    assert [m["role"] for m in taken["messages"]] == ["system", "user", "assistant", "user", "system"]
+    assert taken["messages"][0]["content"] == "You are the escalation desk."
+    assert taken["messages"][1:4] == [{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "Hello from the front desk."},
+                                      {"role": "user", "content": "I want a manager"}]
+    assert taken["messages"][4]["content"].startswith(
+        "support/front handed this conversation over to you: customer is upset")
+    history = server.requests[3]["messages"]  # the front desk's next turn sees how the last one ended
+    handed = {m["tool_call_id"]: m["content"] for m in history if m["role"] == "tool"}
+    assert handed == {"h1": "the conversation was handed over to support/escalations, who answered the user",
+                      "h2": "error: one handoff per reply; the conversation goes to support/escalations"}
+    assert history[-2] == {"role": "assistant", "content": "Escalations here: your refund is approved."}
+    assert refused["h3"].startswith("error: ") and "support/nobody" in refused["h3"]

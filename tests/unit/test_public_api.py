@@ -21,7 +21,7 @@ EXPECTED_NAMES = {
     "UnknownHandlerError", "UnknownIdentityError", "Usage", "connect", "handler",
     "DeadLetter", "DeadLetterReason", "Envelope", "ParkedMessage", "RetryPolicy", "RetryableError",
     "ChatAgent", "ChatClient", "ChatDelta", "ChatMessage", "ChatModel", "ChatReply", "ChatStream", "Model", "ToolCall",
-    "peer_tool", "reply_with_usage", "tool",
+    "handoff", "peer_tool", "reply_with_usage", "tool",
     "AgentFailure", "AllOf", "AnyOf", "Budget", "FirstOf", "Quorum", "RunInfo", "RunStatus", "Select", "StepContext", "Workflow",
     "WorkflowOutcome",
     "ApplyReport", "DeactivationReport", "DrainReport", "ExportReport", "HostInfo", "HostStatistics", "RunsClient", "StepHandle", "TopologyClient",

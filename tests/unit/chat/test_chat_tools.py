@@ -164,3 +164,17 @@ def test_peer_tools_are_checked_when_made_and_when_the_class_is_defined() -> Non
     assert spec.parameters["properties"]["eur"]["type"] == "integer"
     with pytest.raises(rf.InvalidSpecError, match="has no handler 'refund'"):
         made.spec(None)
+
+
+def test_a_handoff_is_a_tool_named_for_its_target() -> None:
+    made = rf.handoff("support/escalations-eu")
+    assert made.tool_name == "transfer_to_support_escalations-eu"
+    spec = made.spec()
+    assert spec.handoff and spec.peer == "support/escalations-eu" and spec.method == "take_over"
+    assert set(spec.parameters["properties"]) == {"note"} and spec.validated({}) == {"note": ""}
+    with pytest.raises(ValueError, match="Extra inputs"):
+        spec.validated({"note": "x", "urgent": True})
+    assert rf.handoff("a/b", name="escalate").tool_name == "escalate"
+    with pytest.raises(rf.InvalidSpecError, match="a tool name is letters"):
+        rf.handoff("a/b", name="hand over")
+    assert "take_over" in rf.ChatAgent.handler_names() and "chat" in rf.ChatAgent.handler_names()
