@@ -26,13 +26,26 @@ from pathlib import Path
 import ray
 from rich.console import Console
 
-from . import activation, calls, density, failover, scatter, snapshots, spawning, streams, timers, turns, workflows
+from . import (
+    activation,
+    calls,
+    chat,
+    density,
+    failover,
+    scatter,
+    snapshots,
+    spawning,
+    streams,
+    timers,
+    turns,
+    workflows,
+)
 from ._context import Context, Mode, PostgresLedgers, Unit
 from ._report import Result, failed, line, markdown, show, write
 
 UNITS: tuple[Unit, ...] = (
     *calls.UNITS, *activation.UNITS, *density.UNITS, *scatter.UNITS, *workflows.UNITS, *snapshots.UNITS,
-    *failover.UNITS, *spawning.UNITS, *turns.UNITS, *timers.UNITS, *streams.UNITS,
+    *failover.UNITS, *spawning.UNITS, *turns.UNITS, *timers.UNITS, *streams.UNITS, *chat.UNITS,
 )
 IDS = tuple(dict.fromkeys(unit.id for unit in UNITS))
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"

@@ -72,7 +72,7 @@ class Result:
     """One row of the results: a rayfleet figure beside its baseline, judged against its target."""
 
     name: str
-    """Starts with the benchmark's id (``B1``..``B11``)."""
+    """Starts with the benchmark's id (``B1``..``B14``)."""
     rayfleet: float | None
     baseline: float | None
     ratio: float | None

@@ -58,7 +58,14 @@ class ChatAgent(Agent):
     - ``max_iterations``: model calls per turn at most (8); the last one is asked to
       answer without tools (``tool_choice="none"``), so a turn always ends with an answer;
     - ``stream``: whether model replies stream live as deltas (``True``);
+    - ``remember``: whether the conversation is kept between turns (``True``); ``False``
+      makes each ``chat`` a conversation of its own (a researcher answering independent
+      questions), with nothing added to State;
     - methods marked ``@rf.tool``: the tools the model may call.
+
+    A message sent with ``mode="steer"`` while a turn runs (``ref.call("chat",
+    message="answer in French", mode="steer")``) joins the conversation as a user
+    message before the turn's next model call; its caller gets the turn's answer.
 
     ``chat`` returns the answer's text with the turn's token usage (``rf.Reply``), which
     workflow budgets count. The conversation is kept in State (``self.state.messages``,
@@ -76,6 +83,7 @@ class ChatAgent(Agent):
     instructions: ClassVar[str] = ""
     max_iterations: ClassVar[int] = 8
     stream: ClassVar[bool] = True
+    remember: ClassVar[bool] = True
     __rayfleet_tools__: ClassVar[dict[str, ToolSpec]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -166,7 +174,7 @@ class ChatAgent(Agent):
         ``added`` grows with the turn's messages, which join the kept conversation at the end.
         """
         cls = type(self)
-        kept = self.conversation()
+        kept = self.conversation() if cls.remember else []
         system = [ChatMessage("system", cls.instructions)] if cls.instructions else []
         specs = {**cls.__rayfleet_tools__, **await self._resolved_peer_tools()}
         tools = [spec.definition() for spec in specs.values()]
@@ -174,6 +182,9 @@ class ChatAgent(Agent):
         answer = ""
         for iteration in range(cls.max_iterations):
             last = iteration == cls.max_iterations - 1
+            # Steer messages sent since the last model call join the conversation before the next one.
+            added.extend(ChatMessage("user", steer if isinstance(steer, str) else json.dumps(steer, default=str))
+                         for steer in self.steering())
             params: dict[str, Any] = {}
             if tools:
                 params = {"tools": tools, "tool_choice": "none" if last else "auto"}
@@ -204,7 +215,8 @@ class ChatAgent(Agent):
                                            completion_tokens=int(taken_over.get("completion_tokens", 0))))
                 added.append(ChatMessage("assistant", answer))
                 break
-        self.state.messages = [*self.state.messages, *(json.dumps(m.to_json()) for m in added)]
+        if cls.remember:
+            self.state.messages = [*self.state.messages, *(json.dumps(m.to_json()) for m in added)]
         return answer, usage
 
     async def _complete(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> ChatReply:

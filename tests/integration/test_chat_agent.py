@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any, ClassVar
 
@@ -55,6 +56,12 @@ def desk(url: str, **settings: Any) -> type[rf.ChatAgent]:
         @rf.handler
         async def tool_keys(self) -> list[str]:
             return self.state.keys
+
+        @rf.tool(idempotent=True)
+        async def pause(self, seconds: float) -> str:
+            """Wait a while."""
+            await asyncio.sleep(seconds)
+            return "paused"
 
         @rf.tool
         def explode(self) -> str:
@@ -303,3 +310,23 @@ def test_a_handoff_continues_the_conversation_at_the_peer_whose_answer_ends_the_
                       "h2": "error: one handoff per reply; the conversation goes to support/escalations"}
     assert history[-2] == {"role": "assistant", "content": "Escalations here: your refund is approved."}
     assert refused["h3"].startswith("error: ") and "support/nobody" in refused["h3"]
+
+
+def test_a_steer_message_joins_the_conversation_before_the_next_model_call(make_any_fleet: Any) -> None:
+    script = [ScriptedReply(tool_calls=[rf.ToolCall("w1", "pause", '{"seconds": 5}')]), "En route, en français."]
+    with ScriptedModelServer(script) as server:
+        fleet = make_any_fleet(hosts=1)
+        ref = fleet.spawn("desk/steered", desk(server.url))
+        handle = ref.start("chat", message="Where is order 9?")
+        steered: list[Any] = []
+        for event in handle.events():
+            if event.kind == "tool_call":  # the tool pauses for 5 s: time to steer
+                steering = threading.Thread(target=lambda: steered.append(
+                    ref.call("chat", message="answer in French", mode="steer")))
+                steering.start()
+        steering.join(timeout=60)
+        assert handle.result(timeout=60) == "En route, en français."
+        assert steered == ["En route, en français."], "the steer message's caller gets the turn's answer"
+        follow_up = server.requests[1]["messages"]
+    assert follow_up[-2:] == [{"role": "tool", "content": "paused", "tool_call_id": "w1"},
+                              {"role": "user", "content": "answer in French"}]
