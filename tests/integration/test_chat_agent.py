@@ -92,7 +92,7 @@ def tool_messages(request: dict[str, Any]) -> dict[str, str]:
 def test_the_loop_runs_tools_at_once_tells_the_model_every_outcome_and_keeps_the_conversation(
         make_any_fleet: Any) -> None:
     calls = [rf.ToolCall("c1", "order_status", '{"order_id": 42}'), rf.ToolCall("c2", "meet", '{"side": "a"}'),
-             rf.ToolCall("c3", "meet", '{"side": "b"}'), rf.ToolCall("c4", "refund", "{}"),
+             rf.ToolCall("c3", "meet", '{"side": "b"}'), rf.ToolCall("c4", "cancel_order", "{}"),
              rf.ToolCall("c5", "order_status", '{"order_id": "forty-two"}'), rf.ToolCall("c6", "explode", "{}"),
              rf.ToolCall("c7", "order_status", '{"order_id": ')]
     script = [ScriptedReply(tool_calls=calls), "Order 42 has shipped.", "You asked about order 42."]
@@ -118,7 +118,7 @@ def test_the_loop_runs_tools_at_once_tells_the_model_every_outcome_and_keeps_the
     assert list(results) == ["c1", "c2", "c3", "c4", "c5", "c6", "c7"], "one result per call id, in the model's order"
     assert results["c1"] == "order 42: shipped"
     assert results["c2"] == results["c3"] == "met", "the two calls ran at once"
-    assert results["c4"].startswith("error: there is no tool named 'refund'")
+    assert results["c4"].startswith("error: there is no tool named 'cancel_order'")
     assert results["c5"].startswith("error: invalid arguments for tool order_status: order_id:")
     assert results["c6"] == "error: ValueError: boom"
     assert results["c7"].startswith("error: the arguments of tool call c7 (order_status) are not JSON")
