@@ -29,12 +29,13 @@ from ..identity._agent import Agent
 from ..identity._handlers import Reply, State, Usage, handler
 from ..llm._chat import ChatClient
 from ..llm._values import ChatMessage, ChatReply, ToolCall, coerce_messages
+from ..turns._current import current_turn
 from ._model import Model
 from ._peers import Handoff, PeerTool
 from ._tools import ToolSpec, tools_of
 
 RESULT_EVENT_CHARS = 4096
-"""Characters of a tool's result the ``tool_result`` stream event carries (the transcript keeps it whole)."""
+"""Characters of a tool call's arguments and result its stream events carry (the transcript keeps them whole)."""
 _TOOL_CALL_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("rayfleet_tool_call_key")
 
 
@@ -240,7 +241,7 @@ class ChatAgent(Agent):
     async def _hand_over(self, spec: ToolSpec, call: ToolCall,
                          conversation: list[ChatMessage]) -> tuple[str, dict[str, Any] | None]:
         """Hand the conversation to ``spec.peer`` (a step); the call's result, and the peer's answer if it took it."""
-        self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
+        _tool_event("tool_call", call, arguments=call.arguments[:RESULT_EVENT_CHARS])
         try:
             arguments = spec.validated(call.parsed_arguments())
             taken = await self.step(f"tool:{call.id}", self._invoke, spec, call.id, {
@@ -254,7 +255,7 @@ class ChatAgent(Agent):
             taken = None
         else:
             result = f"the conversation was handed over to {spec.peer}, who answered the user"
-        self.emit("tool_result", {"id": call.id, "name": call.name, "result": result[:RESULT_EVENT_CHARS]})
+        _tool_event("tool_result", call, result=result[:RESULT_EVENT_CHARS])
         return result, taken
 
     async def _resolved_peer_tools(self) -> dict[str, ToolSpec]:
@@ -301,7 +302,7 @@ class ChatAgent(Agent):
                            rejected: str | None) -> str:
         """What the model is told of ``call``: its result, or what went wrong (a step when the tool runs)."""
         spec = specs.get(call.name)
-        self.emit("tool_call", {"id": call.id, "name": call.name, "arguments": call.arguments})
+        _tool_event("tool_call", call, arguments=call.arguments[:RESULT_EVENT_CHARS])
         if refused:
             result = "error: the turn's model calls are used up; answer without tools"
         elif rejected is not None:
@@ -316,7 +317,7 @@ class ChatAgent(Agent):
                 result = f"error: {error}"
             else:
                 result = await self._run_tool(spec, call, arguments)
-        self.emit("tool_result", {"id": call.id, "name": call.name, "result": result[:RESULT_EVENT_CHARS]})
+        _tool_event("tool_result", call, result=result[:RESULT_EVENT_CHARS])
         return result
 
     async def _run_tool(self, spec: ToolSpec, call: ToolCall, arguments: dict[str, Any]) -> str:
@@ -349,6 +350,11 @@ class ChatAgent(Agent):
             return value
         finally:
             _TOOL_CALL_KEY.reset(marker)
+
+
+def _tool_event(kind: str, call: ToolCall, **data: str) -> None:
+    """A ``tool_call`` / ``tool_result`` event on the turn's stream, when it has one (nothing is written otherwise)."""
+    current_turn("chat").watched_event(kind, {"id": call.id, "name": call.name, **data})
 
 
 def _plus(one: Usage, other: Usage) -> Usage:

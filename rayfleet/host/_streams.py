@@ -69,9 +69,11 @@ SUSPENDED = "suspended"
 RESUMED = "resumed"
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_RESOLVED = "approval.resolved"
+TOOL_CALL = "tool_call"
+TOOL_RESULT = "tool_result"
 ENDS = ("completed", "failed", "interrupted")
 PLATFORM_KINDS = frozenset((DELTA, RESET, STARTED, STEP, SUSPENDED, RESUMED, APPROVAL_REQUESTED, APPROVAL_RESOLVED,
-                            *ENDS))
+                            TOOL_CALL, TOOL_RESULT, *ENDS))
 """Kinds only the platform writes: ``self.emit`` refuses them."""
 
 MAX_EVENT_BYTES = 64 * 1024

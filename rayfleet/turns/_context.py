@@ -308,6 +308,16 @@ class TurnContext:
             return
         self._stream.delta(text)
 
+    def watched_event(self, kind: str, data: Any) -> None:
+        """A platform event (a model agent's tool call and its result), skipped in a replay.
+
+        Recorded, persisted, only when the turn has a stream (a reader waits for it, or
+        the turn emitted or streamed deltas), as the step boundaries are: a turn nobody
+        watches writes no event rows for it.
+        """
+        if not self.replaying():
+            self._boundary(kind, data)
+
     def _boundary(self, kind: str, data: Any = None) -> None:
         if self._stream is not None:
             self._stream.boundary(kind, data)

@@ -32,6 +32,10 @@ class TurnScope(Protocol):
 
     def emit_delta(self, text: str) -> None: ...
 
+    def watched_event(self, kind: str, data: Any) -> None:
+        """A platform event recorded only when the turn has a stream (see ``TurnContext.watched_event``)."""
+        ...
+
 
 CURRENT_TURN: ContextVar[TurnScope | None] = ContextVar("rayfleet_current_turn", default=None)
 """Set by the host around each handler attempt; a task the handler starts inherits it."""
