@@ -330,3 +330,24 @@ def test_a_steer_message_joins_the_conversation_before_the_next_model_call(make_
         follow_up = server.requests[1]["messages"]
     assert follow_up[-2:] == [{"role": "tool", "content": "paused", "tool_call_id": "w1"},
                               {"role": "user", "content": "answer in French"}]
+
+
+def test_a_model_server_that_fails_ends_the_turn_with_the_model_error_and_keeps_the_conversation_as_it_was(
+        make_any_fleet: Any) -> None:
+    script = [ScriptedReply(status=500), ScriptedReply(status=500), ScriptedReply(status=500),
+              ScriptedReply(body="<html>gateway</html>"), "Back again."]
+    with ScriptedModelServer(script) as server:
+        class Fragile(rf.ChatAgent):
+            model = rf.Model("scripted", base_url=server.url, max_retries=2)
+
+        fleet = make_any_fleet(hosts=1)
+        ref = fleet.spawn("desk/fragile", Fragile)
+        with pytest.raises(rf.HandlerError, match="ModelUnavailableError") as down:
+            ref.call("chat", message="first")
+        assert server.served == 3, "the client's own retries, then the turn failed: not retried again"
+        with pytest.raises(rf.HandlerError, match="ModelResponseError"):
+            ref.call("chat", message="second")
+        assert ref.call("chat", message="third") == "Back again."
+        kept = server.requests[-1]["messages"]
+    assert "HTTP 500" in str(down.value)
+    assert kept == [{"role": "user", "content": "third"}], "a failed turn adds nothing to the conversation"
