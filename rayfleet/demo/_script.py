@@ -11,10 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 from ..errors import InvalidStateError
+from ..llm._scripted_server import ScriptedModelServer, ScriptedReply
+from ..llm._values import ToolCall
 from ..platform._fleet import Fleet, connect
 from ..platform._runner import RUNNER_ACTOR_NAME
 from ..workflow._definition import Budget, Quorum, RunStatus, Select, Workflow
-from .agents import Bank, Booking, Counter, Notebook, Refunds, Reviewer
+from .agents import Bank, Booking, Counter, Notebook, Refunds, Reviewer, support_desk
 
 DEMO_NAMESPACE = "rayfleet-demo"
 
@@ -82,11 +84,12 @@ def run_demo(
         say(f"7. Reset notes/ops: generation {generation}, fresh notes {notes.call(Notebook.read)}.")
         saga_ok = _trip_saga(fleet, say)
         approval_ok = _approved_refund(fleet, say)
+        model_ok = _model_agent(fleet, say)
         ok = (after_total == 6 and token_after > token_before and bob.call(Counter.get) == 40 and saga_ok
-              and approval_ok)
+              and approval_ok and model_ok)
         say(f"Demo {'passed' if ok else 'FAILED'} in {time.perf_counter() - started:.1f}s: state survived a host "
-            f"crash with exactly one owner per identity, the sagas compensated and resumed, and a suspended turn "
-            f"resumed on its approval.")
+            f"crash with exactly one owner per identity, the sagas compensated and resumed, a suspended turn "
+            f"resumed on its approval, and a model agent called its tool durably.")
         return 0 if ok else 1
     finally:
         fleet.shutdown(stop_actors=True)
@@ -153,3 +156,23 @@ def _approved_refund(fleet: Fleet, say: Callable[[str], None]) -> bool:
     say(f"12. The manager approved it; the turn was delivered to a host again, replayed from its journal and "
         f"finished: {answer!r}.")
     return answer == "refunded 500 EUR for A-17, approved by manager"
+
+
+def _model_agent(fleet: Fleet, say: Callable[[str], None]) -> bool:
+    answer_text = "Order 42 shipped this morning and arrives on Thursday."
+    script: list[str | ScriptedReply] = [
+        ScriptedReply(tool_calls=[ToolCall("call_1", "order_status", '{"order_id": 42}')]), answer_text]
+    # A real OpenAI-compatible server on 127.0.0.1 answering from the script: rf.Model(base_url=...) pointed at
+    # vLLM, Ray Serve LLM or LiteLLM is the only change for a real model.
+    with ScriptedModelServer(script, chunk_delay=0.005) as server:
+        desk = fleet.spawn("support/anna", support_desk(server.url))
+        turn = desk.start("chat", message="Where is my order 42?")
+        events = list(turn.events())
+        answer: str = turn.result(timeout=120)
+        served = server.served
+    streamed = "".join(event.data for event in events if event.kind == "delta")
+    tools = [event.data["name"] for event in events if event.kind == "tool_call"]
+    say(f"13. support/anna, a model agent (rf.ChatAgent) on a scripted OpenAI-compatible server on 127.0.0.1, "
+        f"called its tool {', '.join(tools) or 'nothing'} as a journaled step and streamed its answer: {answer!r} "
+        f"({served} model requests).")
+    return answer == answer_text and streamed == answer_text and tools == ["order_status"] and served == 2

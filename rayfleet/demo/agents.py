@@ -150,3 +150,28 @@ class Refunds(rf.Agent):
             return f"refund of {order} refused by {decision.by}"
         self.state.refunded[order] = eur
         return f"refunded {eur} EUR for {order}, approved by {decision.by}"
+
+
+def support_desk(model_url: str) -> type[rf.ChatAgent]:
+    """A model agent on the chat completions server at ``model_url`` (the demo's scripted one).
+
+    Made per server, as the URL is known only once the server runs; the class travels to
+    the hosts by value.
+    """
+
+    class SupportDesk(rf.ChatAgent):
+        """Answers order questions, looking orders up with its tool."""
+
+        model = rf.Model("scripted", base_url=model_url)
+        instructions = "You answer questions about orders. Be brief."
+
+        @rf.tool
+        async def order_status(self, order_id: int) -> str:
+            """Look up where an order is.
+
+            Args:
+                order_id: the order's number.
+            """
+            return f"order {order_id}: shipped this morning, arriving Thursday"
+
+    return SupportDesk
