@@ -70,7 +70,7 @@ class ChatAgent(Agent):
 
     ``chat`` returns the answer's text with the turn's token usage (``rf.Reply``), which
     workflow budgets count. The conversation is kept in State (``self.state.messages``,
-    ``self.conversation()``). The turn's stream carries the model's text as deltas and a
+    ``self.transcript()``). The turn's stream carries the model's text as deltas and a
     persisted ``tool_call`` / ``tool_result`` event per tool call.
 
     Raises (when the class is defined):
@@ -126,7 +126,7 @@ class ChatAgent(Agent):
 
     # -- what a subclass and its tools can read
 
-    def conversation(self) -> list[ChatMessage]:
+    def transcript(self) -> list[ChatMessage]:
         """The conversation kept so far (without the system message), oldest first."""
         return coerce_messages([json.loads(text) for text in self.state.messages]) if self.state.messages else []
 
@@ -175,7 +175,7 @@ class ChatAgent(Agent):
         ``added`` grows with the turn's messages, which join the kept conversation at the end.
         """
         cls = type(self)
-        kept = self.conversation() if cls.remember else []
+        kept = self.transcript() if cls.remember else []
         system = [ChatMessage("system", cls.instructions)] if cls.instructions else []
         specs = {**cls.__rayfleet_tools__, **await self._resolved_peer_tools()}
         tools = [spec.definition() for spec in specs.values()]
