@@ -163,7 +163,7 @@ class ScriptedModelServer:
 
     # -- running
 
-    def start(self) -> Self:
+    def start(self) -> ScriptedModelServer:
         """Start serving on a free port of 127.0.0.1 (idempotent); returns the server."""
         if self._runner is not None:
             return self
@@ -205,7 +205,8 @@ class ScriptedModelServer:
             loop.close()
 
     def __enter__(self) -> Self:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
